@@ -1,0 +1,1 @@
+"""Callbacks litlab adds to Lightning's: run statistics, progress output."""

@@ -1,0 +1,114 @@
+"""Steady-state speed and peak memory of a run, for summary.json, the logger and sweep reports."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ThroughputMonitor
+
+log = logging.getLogger(__name__)
+
+
+def throughput_monitor(window_size: int = 20) -> ThroughputMonitor:
+    """Lightning's ThroughputMonitor, counting samples from litlab's (images, labels) batches."""
+    return ThroughputMonitor(batch_size_fn=lambda batch: batch[1].size(0), window_size=window_size)
+
+
+class RunStats(Callback):
+    """Measures samples/s over the steady state (after ``warmup_batches`` training batches, with
+    validation excluded), training time per epoch, and peak memory of every rank.
+
+    Works under DDP (every rank times its own batches; samples count across ranks) and with gradient
+    accumulation (every micro-batch counts its samples).
+    """
+
+    def __init__(self, warmup_batches: int = 5) -> None:
+        self.warmup_batches = warmup_batches
+        self.stats: dict[str, Any] = {}
+        self._batches = 0
+        self._samples = 0
+        self._seconds = 0.0
+        self._last: float | None = None
+        self._epoch_start: float | None = None
+        self._epoch_seconds: list[float] = []
+
+    def _now(self, trainer: L.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epoch_start = self._last = self._now(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = self._now(trainer)
+        self._batches += 1
+        if self._last is not None and self._batches > self.warmup_batches:
+            self._seconds += now - self._last
+            self._samples += batch[1].size(0) * trainer.world_size
+        self._last = now
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._last = None  # the gap that contains validation is not training time
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._epoch_start is not None:
+            self._epoch_seconds.append(self._now(trainer) - self._epoch_start)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        samples_per_second = self._samples / self._seconds if self._seconds > 0 else None
+        epochs = self._epoch_seconds[1:] or self._epoch_seconds  # the first epoch includes warm-up
+        self.stats = {
+            "samples_per_second": samples_per_second,
+            "steady_state_batches": max(0, self._batches - self.warmup_batches),
+            "warmup_batches": self.warmup_batches,
+            "seconds_per_epoch": statistics.median(epochs) if epochs else None,
+            "memory": _peak_memory(trainer),
+        }
+        if trainer.is_global_zero and samples_per_second is not None:
+            metrics = {"throughput/samples_per_second": samples_per_second}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+            log.info(
+                "throughput: %.1f samples/s (steady state, %d batches), %.2f s per epoch",
+                samples_per_second,
+                self.stats["steady_state_batches"],
+                self.stats["seconds_per_epoch"] or 0.0,
+            )
+
+
+def _peak_memory(trainer: L.Trainer) -> dict[str, Any]:
+    """Peak memory of every rank, gathered to all: CUDA allocator peaks, or peak RSS on CPU."""
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        local = torch.tensor(
+            [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+            dtype=torch.float64,
+            device=device,
+        )
+        kind = "cuda"
+    else:
+        # ru_maxrss is in KiB on Linux.
+        local = torch.tensor(
+            [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64
+        )
+        kind = "cpu_rss"
+    gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu() / 2**20
+    if kind == "cuda":
+        return {
+            "kind": kind,
+            "max_allocated_mib_per_rank": [round(float(v), 1) for v in gathered[:, 0]],
+            "max_reserved_mib_per_rank": [round(float(v), 1) for v in gathered[:, 1]],
+            "peak_mib": round(float(gathered[:, 0].max()), 1),
+        }
+    return {
+        "kind": kind,
+        "peak_rss_mib_per_rank": [round(float(v), 1) for v in gathered[:, 0]],
+        "peak_mib": round(float(gathered[:, 0].max()), 1),
+    }

@@ -1,0 +1,1 @@
+"""LightningDataModules. In-memory image datasets share ``memory.InMemoryImageDataModule``."""

@@ -1,0 +1,1 @@
+"""The LightningModule (``module.ClassifierModule``), its networks and learning-rate schedules."""

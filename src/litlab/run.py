@@ -1,0 +1,233 @@
+"""A run's identity, directories and outcome: everything around ``trainer.fit``.
+
+``prepare_run`` decides what is decided once per run (seed, identity, storage folder); ``finish``
+tests the model and writes ``summary.json``, which reports, sweeps and resume read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import platform
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.callbacks.throughput import RunStats
+from litlab.logs import global_rank
+from litlab.schema import BatchSizes, check
+from litlab.storage import RunStorage
+
+log = logging.getLogger("litlab")
+
+# Overrides that say where or how a run is launched, not what it is: not part of its identity.
+_NOT_IDENTITY = ("hydra.", "resume", "run_name", "paths.", "storage.", "hydra/", "storage=")
+
+
+@dataclass
+class Run:
+    dir: Path
+    identity: str
+    storage: RunStorage
+    resume_from: str | None = None
+    started: float = field(default_factory=time.time)
+    batch_sizes: BatchSizes | None = None
+    precision: dict[str, str] = field(default_factory=dict)
+    stats: RunStats | None = None
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.storage.checkpoint_url
+
+    @property
+    def is_global_zero(self) -> bool:
+        return global_rank() == 0
+
+    def note_precision(self, requested: str, effective: str) -> None:
+        self.precision = {"requested": requested, "effective": effective}
+        if requested != effective:
+            log.warning(
+                "precision: requested %s but this accelerator runs %s; results of this run are %s "
+                "results, not %s (summary.json records both)",
+                requested,
+                effective,
+                effective,
+                requested,
+            )
+
+    @contextlib.contextmanager
+    def recording_failure(self, cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
+        """Writes a ``status: failed`` summary (with the error) if the block raises, then re-raises."""
+        try:
+            yield
+        except BaseException as error:
+            write_summary(cfg, trainer, self, status="failed", error=f"{type(error).__name__}: {error}")
+            raise
+
+
+def run_identity(cfg: DictConfig) -> str:
+    """``run_name``, or the experiment name plus a hash of the overrides that define the run."""
+    if cfg.run_name:
+        return str(cfg.run_name)
+    overrides = sorted(
+        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(_NOT_IDENTITY)
+    )
+    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return f"{cfg.experiment_name}-{digest}"
+
+
+def prepare_run(cfg: DictConfig) -> Run:
+    """Check the config, seed, and decide the run's identity and storage folder."""
+    check(cfg)  # single runs were checked before Hydra started; sweep jobs are checked here
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    identity = run_identity(cfg)
+    storage = RunStorage(cfg.storage.root, identity)
+    run = Run(dir=run_dir, identity=identity, storage=storage)
+    if run.is_global_zero:
+        storage.prepare()
+        storage.link_into(run_dir)
+        storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
+    return run
+
+
+def finish(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    data: L.LightningDataModule,
+    run: Run,
+) -> float | None:
+    """Test the best checkpoint, write summary.json, and return the metric sweepers optimise."""
+    tested = None
+    fit_metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
+    if cfg.test_after_fit and not trainer.fast_dev_run:
+        checkpoint = trainer.checkpoint_callback
+        tested = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else None
+        trainer.test(module, datamodule=data, ckpt_path=tested or None, weights_only=True, verbose=False)
+    metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
+    summary = write_summary(
+        cfg, trainer, run, status="completed", metrics=metrics, tested_checkpoint=tested or None
+    )
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
+            logger.log_hyperparams(_flat_choices(summary), metrics=summary["metrics"])
+    value = summary["metrics"].get(cfg.optimized_metric)
+    log.info("%s = %s; summary: %s", cfg.optimized_metric, value, run.dir / "summary.json")
+    return value
+
+
+def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> dict[str, Any]:
+    summary = summarise(cfg, trainer, run, status, **extra)
+    if run.is_global_zero:
+        text = json.dumps(summary, indent=2, default=str) + "\n"
+        (run.dir / "summary.json").write_text(text)
+        run.storage.write_text("summary.json", text)
+    return summary
+
+
+def summarise(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    run: Run,
+    status: str,
+    error: str | None = None,
+    metrics: dict[str, float] | None = None,
+    tested_checkpoint: str | None = None,
+) -> dict[str, Any]:
+    hydra = HydraConfig.get()
+    sizes = run.batch_sizes
+    stats = run.stats.stats if run.stats is not None else {}
+    checkpoint = trainer.checkpoint_callback
+    return {
+        "status": status,
+        "error": error,
+        "experiment_name": cfg.experiment_name,
+        "run_name": run.identity,
+        "run_dir": str(run.dir),
+        "storage_dir": run.storage.url,
+        "groups": {k: v for k, v in hydra.runtime.choices.items() if not k.startswith(("hydra", "schema"))},
+        "overrides": list(hydra.overrides.task),
+        "precision": run.precision,
+        "accelerator": trainer.strategy.root_device.type,
+        "strategy": cfg.strategy.name,
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "world_size": trainer.world_size,
+        "micro_batch_size": sizes.micro if sizes else None,
+        "accumulate_grad_batches": sizes.accumulation if sizes else None,
+        "effective_batch_size": sizes.effective if sizes else None,
+        "global_batch_size": cfg.data.global_batch_size,
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "metrics": dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
+        "throughput": {k: v for k, v in stats.items() if k != "memory"},
+        "memory": stats.get("memory"),
+        "checkpoints": {
+            "dir": run.checkpoint_dir,
+            "best": getattr(checkpoint, "best_model_path", None) or None,
+            "last": getattr(checkpoint, "last_model_path", None) or None,
+            "tested": tested_checkpoint,
+        },
+        "resumed_count": 0,
+        "wall_time_s": round(time.time() - run.started, 3),
+        "started_at": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
+        "finished_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "sweep": {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
+        if hydra.mode == RunMode.MULTIRUN
+        else None,
+        "versions": _versions(),
+        "git_commit": _git_commit(),
+    }
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v.numel() == 1}
+
+
+def _flat_choices(summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **{f"group/{k}": v for k, v in summary["groups"].items()},
+        "effective_batch_size": summary["effective_batch_size"],
+        "accumulate_grad_batches": summary["accumulate_grad_batches"],
+        "precision_effective": summary["precision"].get("effective"),
+    }
+
+
+def _versions() -> dict[str, str]:
+    import hydra
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": L.__version__,
+        "hydra": hydra.__version__,
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty else "")

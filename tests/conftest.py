@@ -1,0 +1,73 @@
+"""Shared test helpers: isolated log folders and litlab commands run as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+# Tiny settings: a few batches of the digits, so a Lightning process costs its imports and little more.
+TINY = [
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_model_summary=false",
+    "logger=csv",
+]
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private logs/ folder for the test (litlab reads LITLAB_LOG_DIR)."""
+    path = tmp_path / "logs"
+    monkeypatch.setenv("LITLAB_LOG_DIR", str(path))
+    return path
+
+
+def litlab(
+    command: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: Path = REPO,
+):
+    """Run a litlab console script (litlab-train, litlab-eval, litlab-compare) and capture its output."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [str(BIN / command), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """Assert a command succeeded, showing its output tail when it did not."""
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    return result
+
+
+def run_dirs(log_dir: Path, task: str = "train") -> list[Path]:
+    return (
+        sorted(p for p in (log_dir / task / "runs").glob("*") if p.is_dir())
+        if (log_dir / task / "runs").exists()
+        else []
+    )
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())

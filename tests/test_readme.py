@@ -1,0 +1,39 @@
+"""Every command in the README's quick-start and commands blocks works (with tiny settings)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN, REPO, TINY, ok, run_dirs
+
+
+def readme_block(name: str) -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = re.search(rf"<!-- {name}:.*?-->\s*```bash\n(.*?)```", text, re.S)
+    assert block, f"README has no {name} block"
+    return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_readme_commands_work(log_dir):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    commands = readme_block("quickstart") + readme_block("commands")
+    assert "make train" in commands and "make test" in commands
+    for command in commands:
+        if command == "make test":
+            continue  # this test is part of it
+        if command == "make train":
+            command = f"make train ARGS='{' '.join(TINY)}'"
+        elif "<run>" in command:
+            command = command.replace("logs/train/runs/<run>", str(run_dirs(log_dir)[-1]))
+        elif "litlab" in command:
+            command = f"{command} {' '.join(t for t in TINY if t.split('=')[0] not in command)}"
+        result = subprocess.run(
+            shlex.split(command), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
+        ok(result)

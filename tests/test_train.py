@@ -1,0 +1,120 @@
+"""Real training runs through ``litlab-train`` (subprocesses, tiny settings unless stated)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import TINY, litlab, ok, run_dirs, summary
+
+
+@pytest.mark.slow
+def test_default_experiment_reaches_90_percent_test_accuracy(log_dir):
+    ok(litlab("litlab-train"))
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert result["status"] == "completed"
+    assert result["groups"]["model"] == "cnn" and result["groups"]["data"] == "digits"
+    assert result["metrics"]["test/acc"] >= 0.90
+    assert (run / "tensorboard").is_dir()
+    assert list((run / "checkpoints").glob("*.ckpt"))
+
+
+def test_overrides_reach_the_trainer_and_the_summary(log_dir):
+    ok(
+        litlab(
+            "litlab-train",
+            "model=mlp",
+            "precision=bf16",
+            "trainer.max_epochs=3",
+            "trainer.limit_train_batches=8",
+            "trainer.accumulate_grad_batches=4",
+            "data.batch_size=32",
+            "logger=csv",
+        )
+    )
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert result["groups"]["model"] == "mlp"
+    assert result["precision"] == {"requested": "bf16-mixed", "effective": "bf16-mixed"}
+    assert (result["micro_batch_size"], result["accumulate_grad_batches"]) == (32, 4)
+    assert result["effective_batch_size"] == 128
+    assert result["epochs"] == 3
+    assert result["global_step"] == 3 * 2  # 8 batches per epoch / accumulation 4
+    assert result["versions"]["lightning"] and result["versions"]["torch"]
+    assert (run / ".hydra" / "overrides.yaml").is_file()
+    train_log = (run / "train.log").read_text()
+    assert "[rank 0]" in train_log and "effective batch 128" in train_log
+    assert (run / "csv" / "metrics.csv").is_file()
+
+
+def test_fp16_on_cpu_warns_and_records_the_precision_that_ran(log_dir):
+    result = ok(litlab("litlab-train", "precision=fp16", *TINY))
+    (run,) = run_dirs(log_dir)
+    assert summary(run)["precision"] == {"requested": "16-mixed", "effective": "bf16-mixed"}
+    warning = [
+        line for line in result.stdout.splitlines() if "WARNING" in line and "requested 16-mixed" in line
+    ]
+    assert warning and "bf16-mixed" in warning[0]
+
+
+def test_global_batch_size_derives_the_micro_batch(log_dir):
+    ok(litlab("litlab-train", "data.global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert (result["micro_batch_size"], result["effective_batch_size"]) == (32, 96)
+
+
+@pytest.mark.slow
+def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
+    ok(litlab("litlab-train", "trainer.devices=2", "strategy=ddp", *TINY[:-1], "logger=tensorboard"))
+    runs = run_dirs(log_dir)
+    assert len(runs) == 1, runs
+    (run,) = runs
+    assert len(list((log_dir / "storage").iterdir())) == 1  # one checkpoints/ folder
+    # One TensorBoard log: one log directory, written by one process (rank 0) only.
+    events = list(log_dir.glob("**/events.out.tfevents.*"))
+    assert {e.parent for e in events} == {run / "tensorboard"}
+    assert len({e.name.split(".")[4] for e in events}) == 1  # events.out.tfevents.<time>.<host>.<pid>.<n>
+    assert len(list(log_dir.glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+    result = summary(run)
+    assert (result["world_size"], result["devices"], result["strategy"]) == (2, 2, "ddp")
+    assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
+    train_log = (run / "train.log").read_text()
+    assert "[rank 0]" in train_log and "[rank 1]" in train_log
+
+
+@pytest.mark.slow
+def test_eval_reports_the_test_metric_training_reported(log_dir):
+    ok(litlab("litlab-train", "trainer.max_epochs=1", "trainer.limit_train_batches=6", "logger=none"))
+    (run,) = run_dirs(log_dir)
+    trained = summary(run)
+    # With one epoch the best checkpoint and last.ckpt hold the same weights.
+    ok(litlab("litlab-eval", f"ckpt_path={run}/checkpoints/last.ckpt"))
+    (evaluation,) = run_dirs(log_dir, "eval")
+    metrics = json.loads((evaluation / "eval.json").read_text())["metrics"]
+    assert trained["checkpoints"]["tested"] != trained["checkpoints"]["last"]
+    assert abs(metrics["test/acc"] - trained["metrics"]["test/acc"]) <= 1e-6
+    assert abs(metrics["test/loss"] - trained["metrics"]["test/loss"]) <= 1e-6
+
+
+def test_runs_started_in_the_same_second_get_different_directories(log_dir):
+    import subprocess
+    import sys
+
+    # Two processes resolve the run-dir pattern at the same moment, as two launches would.
+    code = (
+        "from hydra import compose, initialize_config_dir; from omegaconf import OmegaConf;"
+        "from litlab import schema; from litlab.preflight import CONFIG_DIR; schema.register();"
+        "initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3');"
+        "cfg = compose('train', return_hydra_config=True, overrides=['hydra.runtime.cwd=/']);"
+        "from hydra.core.hydra_config import HydraConfig; HydraConfig.instance().set_config(cfg);"
+        "print(cfg.hydra.run.dir)"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    dirs = [p.communicate(timeout=60)[0].strip() for p in processes]
+    assert all(d.startswith(str(log_dir / "train" / "runs")) for d in dirs), dirs
+    assert dirs[0] != dirs[1]
