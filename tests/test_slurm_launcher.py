@@ -20,6 +20,8 @@ from tests.conftest import BIN, REPO, TINY, litlab, ok, ranks_that_joined, run_d
 from tests.slurm_cluster import SlurmCluster
 
 schema.register()
+# Our submitit_local.yaml is matched against the plugin's schema of that name on purpose (litlab.launch).
+pytestmark = pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/submitit_local' is validated:UserWarning")
 
 JOB_TIMEOUT_S = 300
 CPU_DDP = ["trainer.accelerator=cpu", "strategy=ddp"]
