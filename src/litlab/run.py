@@ -168,6 +168,7 @@ def summarise(
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
+        "cluster_environment": _cluster_environment(trainer),
         "micro_batch_size": sizes.micro if sizes else None,
         "accumulate_grad_batches": sizes.accumulation if sizes else None,
         "effective_batch_size": sizes.effective if sizes else None,
@@ -193,6 +194,13 @@ def summarise(
         "versions": _versions(),
         "git_commit": _git_commit(),
     }
+
+
+def _cluster_environment(trainer: L.Trainer) -> str | None:
+    """Who started the ranks, as Lightning saw it: LightningEnvironment (Lightning itself),
+    TorchElasticEnvironment (torchrun) or SLURMEnvironment; None for a single-device run."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return type(environment).__name__ if environment is not None else None
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:

@@ -20,8 +20,10 @@ schema.register()
 def train(cfg: DictConfig) -> float | None:
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     from litlab.build import build
+    from litlab.launch import adopt_submitit_local_ranks
     from litlab.run import finish, prepare_run
 
+    adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
     run = prepare_run(cfg)  # seed, identity, storage
     trainer, module, data = build(cfg, run)
     with run.recording_failure(cfg, trainer):
