@@ -433,10 +433,23 @@ def check_eval(cfg: DictConfig) -> None:
 
 
 def register_resolvers() -> None:
-    """``${litlab_uid:}``: a short random id, fixed for the process (cached), for run directories."""
+    """``${litlab_uid:}``: a short random id, fixed for the process (cached), for run directories.
+    ``${litlab_cwd:}``: the directory litlab was started from (paths.root_dir)."""
     import secrets
 
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("litlab_uid"):
         OmegaConf.register_new_resolver("litlab_uid", lambda: secrets.token_hex(3), use_cache=True)
+    if not OmegaConf.has_resolver("litlab_cwd"):
+        OmegaConf.register_new_resolver("litlab_cwd", _start_dir)
+
+
+def _start_dir() -> str:
+    # ${hydra:runtime.cwd} fails where Hydra has not set its config yet: in a multirun's own process,
+    # whose sweeper and launcher resolve hydra.sweep.dir (under paths.log_dir) before any job starts.
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
