@@ -169,9 +169,14 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"
-    if path.is_file() and json.loads(path.read_text()).get("status") == "failed":
-        return
-    path.write_text(json.dumps(_failed_summary(cfg, job_dir, error), indent=2, default=str) + "\n")
+    existing = json.loads(path.read_text()) if path.is_file() else None
+    if existing is not None and existing.get("status") == "failed":
+        return  # written where the run failed, with the most precise error
+    # A child that wrote a completed summary and then exited non-zero keeps its figures.
+    summary = (
+        {**existing, "status": "failed", "error": error} if existing else _failed_summary(cfg, job_dir, error)
+    )
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def _failed_summary(cfg: DictConfig, job_dir: Path, error: str) -> dict[str, Any]:
