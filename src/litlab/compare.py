@@ -534,7 +534,7 @@ def _write_plot(report: Report, path: Path) -> None:
     palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
     colors = {p: palette[i % len(palette)] for i, p in enumerate(precisions)}
     widths = [len(rows) for rows in groups.values()]
-    figure = Figure(figsize=(max(6.0, 0.9 * sum(widths) + 2.5), 7.0), layout="constrained")
+    figure = Figure(figsize=(max(6.0, 1.1 * sum(widths) + 2.5), 7.0), layout="constrained")
     axes = figure.subplots(2, len(groups), sharey="row", squeeze=False, width_ratios=widths)
     for column, (devices, rows) in enumerate(groups.items()):
         throughput_axis, memory_axis = axes[0][column], axes[1][column]
@@ -561,8 +561,12 @@ def _write_plot(report: Report, path: Path) -> None:
             )
         throughput_axis.set_title(devices)
         throughput_axis.margins(y=0.25)
-        memory_axis.set_xticks(list(positions), [_config_label(row, report) for row in rows])
-        memory_axis.tick_params(axis="x", labelrotation=35, labelsize=8)
+        labels = [_config_label(row, report) for row in rows]
+        memory_axis.set_xticks(list(positions), labels)
+        # A line per differing setting; tilted only when long lines or many bars would overlap.
+        longest = max(len(line) for label in labels for line in label.splitlines())
+        tilt = len(rows) > 6 or longest > 14
+        memory_axis.tick_params(axis="x", labelrotation=35 if tilt else 0, labelsize=8)
         throughput_axis.tick_params(axis="x", labelbottom=False)
     axes[0][0].set_ylabel("samples/s (steady state)")
     axes[1][0].set_ylabel("peak memory / device (MiB)")
@@ -604,17 +608,24 @@ class SweepReport(Callback):
     """Hydra callback (``hydra.callbacks``): writes the report into the sweep directory when a
     multirun ends, then exits non-zero if any job failed, so scripts notice."""
 
-    def __init__(self, baseline: str = DEFAULT_BASELINE, metric: str | None = None) -> None:
+    def __init__(
+        self, baseline: str = DEFAULT_BASELINE, metric: str | None = None, tasks: Sequence[str] = ("train",)
+    ) -> None:
         self.baseline = baseline
         self.metric = metric
+        self.tasks = list(tasks)  # task_names whose jobs write summary.json (litlab-eval's do not)
         self._written = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.task_name not in self.tasks:
+            return
         # When the sweeper itself gives up (Optuna with every trial failed, a joblib worker killed
         # by the system), Hydra never calls on_multirun_end: report what ran when the process exits.
         atexit.register(self._report_if_not_written, Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.task_name not in self.tasks:
+            return
         report = self._report(Path(config.hydra.sweep.dir))
         if report is None or report.failed:
             if report is not None:
