@@ -112,6 +112,45 @@ def test_sweep_and_search_configs_compose_as_multiruns():
     assert grid.hydra.callbacks.report._target_ == "litlab.compare.SweepReport"
 
 
+CLUSTER_VARIABLES = (
+    "LOCAL_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_NAME",
+    "SUBMITIT_LOCAL_NTASKS",
+)
+
+
+@pytest.mark.parametrize(
+    "overrides,env,expected",
+    [
+        (["strategy=ddp", "trainer.devices=2"], {}, True),
+        (["strategy=ddp", "trainer.devices=1"], {}, False),
+        (["strategy=auto", "trainer.devices=2"], {}, True),  # Lightning picks ddp
+        (["strategy=fsdp", "trainer.devices=2"], {}, True),
+        (["strategy=ddp_spawn", "trainer.devices=2"], {}, False),  # spawned ranks re-run nothing
+        (["strategy=ddp", "trainer.devices=auto", "trainer=gpu"], {}, True),
+        (["strategy=ddp", "trainer.devices=2"], {"SLURM_NTASKS": "2"}, False),  # srun started them
+        (["strategy=ddp", "trainer.devices=2"], {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, True),
+        (["strategy=ddp", "trainer.devices=2"], {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, False),
+        (["strategy=ddp", "trainer.devices=2"], {"SUBMITIT_LOCAL_NTASKS": "2"}, False),
+    ],
+)
+def test_a_job_gets_its_own_process_exactly_when_lightning_would_launch_its_ranks(
+    overrides, env, expected, monkeypatch
+):
+    from litlab.multirun import lightning_launches_ranks
+
+    for name in CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides)
+    assert lightning_launches_ranks(cfg) is expected
+
+
 @pytest.mark.slow
 def test_grid_sweep_report_matches_the_runs_own_numbers(grid_sweep):
     runs = summaries(grid_sweep)

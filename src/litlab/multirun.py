@@ -96,9 +96,9 @@ def lightning_launches_ranks(cfg: DictConfig) -> bool:
     if strategy.get("start_method", "popen") != "popen":
         return False  # ddp_spawn: torch.multiprocessing starts the ranks; the command is not re-run
     processes = device_count(cfg.trainer.devices)
-    if processes is None:
-        processes = 1 if cfg.trainer.accelerator == "cpu" else 2
-    return processes > 1 and not _cluster_starts_ranks()
+    # "auto" or -1: one process on a CPU, one per GPU otherwise (unknown here: assume several).
+    several = processes > 1 if processes is not None else cfg.trainer.accelerator != "cpu"
+    return several and not _cluster_starts_ranks()
 
 
 def _cluster_starts_ranks() -> bool:
