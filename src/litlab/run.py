@@ -21,13 +21,13 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.throughput import RunStats
 from litlab.logs import global_rank
+from litlab.multirun import sweep_job
 from litlab.schema import BatchSizes, check
 from litlab.storage import RunStorage
 
@@ -188,9 +188,7 @@ def summarise(
         "wall_time_s": round(time.time() - run.started, 3),
         "started_at": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "sweep": {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
-        if hydra.mode == RunMode.MULTIRUN
-        else None,
+        "sweep": sweep_job(),
         "versions": _versions(),
         "git_commit": _git_commit(),
     }

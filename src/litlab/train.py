@@ -11,13 +11,20 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from litlab import preflight, schema
+from litlab import multirun, preflight, schema
 
 schema.register()
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
 def train(cfg: DictConfig) -> float | None:
+    if multirun.sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
+        return multirun.run_sweep_job(cfg, fit)
+    return fit(cfg)
+
+
+def fit(cfg: DictConfig) -> float | None:
+    """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     from litlab.build import build
     from litlab.launch import adopt_submitit_local_ranks
