@@ -80,11 +80,15 @@ def newest_valid_checkpoint(storage: RunStorage) -> tuple[ResumePoint | None, li
     return None, skipped
 
 
-def decide(mode: str, storage: RunStorage, is_global_zero: bool) -> Decision:
-    """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed)."""
+def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool = False) -> Decision:
+    """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
+
+    A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
+    always starts fresh, so it can be repeated.
+    """
     if not is_global_zero and DECISION_ENV in os.environ:
         return _decision_from_env(os.environ[DECISION_ENV])
-    decision = _decide(mode, storage, act=is_global_zero)
+    decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
     if is_global_zero:
         os.environ[DECISION_ENV] = json.dumps(
             {"point": asdict(decision.point) if decision.point else None, "resumed": decision.resumed_count}
@@ -100,7 +104,10 @@ def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
             log.info("resume=never: moved the earlier files of %s to %s", storage.url, storage.set_aside())
         return Decision()
     if mode != AUTO:  # an explicit checkpoint
-        point = load_point(mode)  # InvalidCheckpoint here is the user's error: reported, not skipped
+        try:
+            point = load_point(mode)
+        except InvalidCheckpoint as error:  # the user's own choice: reported, not skipped
+            raise InvalidCheckpoint(f"resume={mode} cannot be resumed from: {error}") from None
         return _resuming(point, resumed_before, record)
     summary = _read_json(storage, "summary.json")
     if summary.get("status") == "completed":

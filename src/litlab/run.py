@@ -120,7 +120,9 @@ def prepare_run(cfg: DictConfig) -> Run:
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
-    run.resume = resume.decide(str(cfg.resume), storage, is_global_zero=run.is_global_zero)
+    run.resume = resume.decide(
+        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
+    )
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
         return run

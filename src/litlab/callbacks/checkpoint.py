@@ -126,41 +126,64 @@ class PreemptionCheckpoint(Checkpoint):
 
 
 class TensorBoardSync(Callback):
-    """Flushes TensorBoard whenever a checkpoint is saved, and optionally copies its event files.
+    """Flushes TensorBoard with every checkpoint, and optionally copies its event files to storage.
 
     The flush makes the curves on disk reach the checkpoint a resumed run starts from (TensorBoard
     buffers events in memory, and a killed process loses them). With ``destination`` (a storage root
     that outlives the machine: mounted drive, S3, GCS), the event files are copied there, so a run
-    resumed on a new machine restores them and continues the same curves.
+    resumed on a new machine restores them and continues the same curves. Lightning logs a step's
+    metrics after that step's checkpoint, so the copy waits for the next batch (or epoch, exception,
+    end of fit): a kill in between leaves the restored curve without that one step.
     """
 
     def __init__(self, destination: str | None = None) -> None:
         self.destination = destination
+        self._pending = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
-        self.sync(trainer)
+        self._pending = True
+        self._flush(trainer)
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.sync(trainer)
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
 
-    def sync(self, trainer: L.Trainer) -> None:
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
+
+    def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
+
+    def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._pending = True
+        self._copy_if_pending(trainer)
+
+    def _tensorboard_dirs(self, trainer: L.Trainer) -> list[tuple[TensorBoardLogger, Path]]:
         if not trainer.is_global_zero:
-            return
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger) and Path(logger.log_dir).is_dir():
-                logger.experiment.flush()
-                if self.destination is not None:
-                    self._copy(Path(logger.log_dir))
+            return []
+        return [
+            (logger, Path(logger.log_dir))
+            for logger in trainer.loggers
+            if isinstance(logger, TensorBoardLogger) and Path(logger.log_dir).is_dir()
+        ]
 
-    def _copy(self, log_dir: Path) -> None:
-        fs, remote = fsspec.core.url_to_fs(self.destination)
-        try:
-            sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(remote, detail=True)}
-        except FileNotFoundError:
-            sizes = {}
-        for path in sorted(log_dir.glob("events.out.tfevents.*")):
-            if sizes.get(path.name) != path.stat().st_size:
-                fs.put_file(str(path), f"{remote}/{path.name}")
+    def _flush(self, trainer: L.Trainer) -> None:
+        for logger, _ in self._tensorboard_dirs(trainer):
+            logger.experiment.flush()
+
+    def _copy_if_pending(self, trainer: L.Trainer) -> None:
+        if not self._pending or self.destination is None:
+            return
+        self._pending = False
+        for logger, log_dir in self._tensorboard_dirs(trainer):
+            logger.experiment.flush()
+            fs, remote = fsspec.core.url_to_fs(self.destination)
+            try:
+                sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(remote, detail=True)}
+            except FileNotFoundError:
+                sizes = {}
+            for path in sorted(log_dir.glob("events.out.tfevents.*")):
+                if sizes.get(path.name) != path.stat().st_size:
+                    fs.put_file(str(path), f"{remote}/{path.name}")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
