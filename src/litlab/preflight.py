@@ -16,10 +16,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from litlab import schema
+from litlab import schema, storage
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -46,8 +46,32 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
         return
     try:
         schema.check(cfg) if config_name == "train" else schema.check_eval(cfg)
-    except schema.ConfigError as error:
+        if config_name == "train":
+            check_storage_and_resume(cfg)
+    except (schema.ConfigError, storage.StorageError) as error:
         _exit(str(error))
+
+
+def check_storage_and_resume(cfg: DictConfig) -> None:
+    """The storage root is usable and an explicit ``resume=PATH`` exists, before torch loads."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import MissingMandatoryValue
+
+    HydraConfig.instance().set_config(cfg)  # storage.root may use ${hydra:runtime.cwd}
+    try:
+        storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True)
+    except MissingMandatoryValue:
+        example = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix"}.get(
+            cfg.storage.name, "/mnt/drive/litlab"
+        )
+        raise storage.StorageError(
+            f"storage={cfg.storage.name} needs storage.root, e.g. storage.root={example}"
+        ) from None
+    except OmegaConfBaseException:
+        return  # e.g. a root built from the run directory: prepare_run checks it once that exists
+    storage.check_storage(storage_cfg)
+    if cfg.resume not in ("auto", "never"):
+        storage.check_checkpoint_exists(str(cfg.resume), storage_cfg)
 
 
 def composition_message(error: BaseException) -> str:

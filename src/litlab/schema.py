@@ -108,6 +108,23 @@ class PrecisionConfig:
 class StorageConfig:
     name: str = "local"
     root: str = MISSING  # a path or fsspec URL
+    create_root: bool = True  # false for mounted drives: a missing mount point is an error
+    copy_logs: bool = False  # copy TensorBoard event files here with every checkpoint
+
+
+@dataclass
+class S3StorageConfig(StorageConfig):
+    # No key or secret fields: credentials come only from the environment / AWS credential chain.
+    endpoint_url: str | None = None
+    region: str | None = None
+    check_timeout_s: float = 2.0
+
+
+@dataclass
+class GCSStorageConfig(StorageConfig):
+    endpoint_url: str | None = None
+    project: str | None = None
+    check_timeout_s: float = 2.0
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -288,6 +305,7 @@ class TrainConfig:
     task_name: str = "train"
     experiment_name: str = "default"
     run_name: str | None = None
+    resume: str = "auto"  # auto, never, or the path/URL of a checkpoint
     seed: int = 42
     test_after_fit: bool = True
     optimized_metric: str = "val/acc"
@@ -321,7 +339,7 @@ def register() -> None:
             "fsdp": FSDPStrategyConfig,
         },
         "precision": {"default": PrecisionConfig},
-        "storage": {"default": StorageConfig},
+        "storage": {"default": StorageConfig, "s3": S3StorageConfig, "gcs": GCSStorageConfig},
         "data": {"digits": DigitsDataConfig, "synthetic": SyntheticDataConfig},
         "model": {"mlp": MLPModelConfig, "cnn": CNNModelConfig, "resnet": ResNetModelConfig},
         "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},

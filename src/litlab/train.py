@@ -31,10 +31,12 @@ def fit(cfg: DictConfig) -> float | None:
     from litlab.run import finish, prepare_run
 
     adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
-    run = prepare_run(cfg)  # seed, identity, storage
+    run = prepare_run(cfg)  # seed, identity, storage, resume decision
+    if run.completed:  # the same command after the run finished: nothing left to train
+        return run.stored_metric(cfg.optimized_metric)
     trainer, module, data = build(cfg, run)
     with run.recording_failure(cfg, trainer):
-        trainer.fit(module, datamodule=data, ckpt_path=run.resume_from)
+        trainer.fit(module, datamodule=data, ckpt_path=run.resume_from, weights_only=True)
         return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
 
 
