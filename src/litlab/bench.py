@@ -22,6 +22,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -58,7 +59,10 @@ class Settings:
     sweep_overrides: tuple[str, ...] = ("trainer.max_epochs=3",)
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
-    accelerator_max_batch: dict[int, int] = field(default_factory=lambda: {32: 4096, 224: 1024})
+    # The probe doubles the batch until fp32 training runs out of memory, up to these caps.
+    accelerator_max_batch: dict[int, int] = field(default_factory=lambda: {32: 8192, 224: 1024})
+    accelerator_precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    accelerator_accumulations: tuple[int, ...] = (1, 4)
 
     @classmethod
     def tiny(cls) -> Settings:
@@ -72,6 +76,8 @@ class Settings:
             accelerator_steps=4,
             accelerator_warmup=2,
             accelerator_max_batch={32: 8},
+            accelerator_precisions=("fp32", "bf16"),
+            accelerator_accumulations=(1,),
         )
 
 
@@ -231,7 +237,7 @@ class Bench:
     def process(self, name: str, args: Sequence[str], check: bool = True) -> tuple[float, float, int]:
         """Runs a Python process; returns (unix start time, wall seconds, exit status)."""
         self._count += 1
-        output = self.dir / "processes" / f"{self._count:03d}-{name}.log"
+        output = self.output_log(name)
         output.parent.mkdir(parents=True, exist_ok=True)
         with output.open("w") as sink:
             started_unix, started = time.time(), time.perf_counter()
@@ -244,6 +250,16 @@ class Bench:
             raise RuntimeError(f"{name} exited with status {status} (log: {output}):\n{tail}")
         log.info("%-40s %6.2f s", name, seconds)
         return started_unix, seconds, status
+
+    def output_log(self, name: str) -> Path:
+        return self.dir / "processes" / f"{self._count:03d}-{name}.log"
+
+    def import_seconds(self, module: str) -> tuple[float, float]:
+        """(process start to ``import module`` done, the whole process with its exit) in seconds."""
+        code = f"import time, {module}; print(time.time())"
+        started_unix, seconds, _ = self.process(f"import-{module}", ["-c", code])
+        imported_unix = float(self.output_log(f"import-{module}").read_text().split()[-1])
+        return imported_unix - started_unix, seconds
 
     def timed_run(self, name: str, runner: str, overrides: list[str], steps: int) -> dict[str, Any]:
         """One litlab-train or plain-loop run of ``steps`` optimizer steps; its step timings."""
@@ -304,7 +320,9 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
     cases: dict[str, Any] = {}
     startup: dict[str, list[float]] = {
         "import_torch_s": [],
+        "import_torch_process_s": [],
         "import_lightning_s": [],
+        "import_lightning_process_s": [],
         "first_step_s": [],
         "config_error_exit_s": [],
     }
@@ -328,10 +346,10 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             if name == "cnn-digits":  # the default `litlab-train`: startup figures beside it
                 litlab = results["litlab"]
                 startup["first_step_s"].append(litlab["first_step_unix"] - litlab["process_start_unix"])
-                startup["import_lightning_s"].append(
-                    bench.process("import-lightning", ["-c", "import lightning"])[1]
-                )
-                startup["import_torch_s"].append(bench.process("import-torch", ["-c", "import torch"])[1])
+                for module in ("torch", "lightning"):
+                    imported, whole = bench.import_seconds(module)
+                    startup[f"import_{module}_s"].append(imported)
+                    startup[f"import_{module}_process_s"].append(whole)
                 _, seconds, status = bench.process(
                     "config-error", ["-m", "litlab.train", "precision=fp61"], check=False
                 )
@@ -345,6 +363,9 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             case[f"{runner}_step_ms"] = statistics.median(r[f"{runner}_step_ms"] for r in runs)
         for ratio in ("ratio", "lightning_ratio", "cpu_ratio"):
             case[ratio] = spread([r[ratio] for r in runs])
+    if startup["first_step_s"]:  # what litlab adds to Lightning's import, per repeat
+        pairs = zip(startup["first_step_s"], startup["import_lightning_s"], strict=True)
+        startup["first_step_after_lightning_import_s"] = [first - imported for first, imported in pairs]
     return cases, {k: spread(v) for k, v in startup.items() if v}
 
 
@@ -354,21 +375,21 @@ def sweep_section(bench: Bench) -> dict[str, Any]:
     common = ["-m", "litlab.train", "-m", f"seed={seeds}", *bench.settings.sweep_overrides]
     result: dict[str, Any] = {"jobs": bench.settings.sweep_jobs, "overrides": list(common[3:])}
     for launcher, extra in (("sequential", []), ("joblib", ["hydra/launcher=joblib"])):
-        _, seconds, _ = bench.process(f"sweep-{launcher}", [*common, *extra])
+        sweep_dir = f"hydra.sweep.dir={bench.dir / 'sweeps' / launcher}"
+        _, seconds, _ = bench.process(f"sweep-{launcher}", [*common, *extra, sweep_dir])
         result[f"{launcher}_s"] = seconds
     result["joblib_speedup"] = result["sequential_s"] / result["joblib_s"]
     return result
 
 
 ACCELERATOR_SHAPES = {32: [3, 32, 32], 224: [3, 224, 224]}
-ACCELERATOR_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def accelerator_section(bench: Bench, device: str | None) -> dict[str, Any]:
     """resnet18 on synthetic images per precision and accumulation, on CUDA (or the device asked for).
 
-    Without CUDA it returns ``{"skipped": reason}``. ``device="cpu"`` runs the same code on a CPU
-    (the test does, in tiny mode, to keep the section working on machines without a GPU).
+    Without CUDA it returns ``{"skipped": reason}``. ``device="cpu"`` runs the same code on a CPU,
+    to try the section out on a machine without a GPU.
     """
     if device is None:
         reason = cuda_unavailable_reason()
@@ -376,45 +397,48 @@ def accelerator_section(bench: Bench, device: str | None) -> dict[str, Any]:
             return {"skipped": reason}
         device = "cuda"
     settings = bench.settings
-    results: dict[str, Any] = {"device": device, "runs": []}
+    results: dict[str, Any] = {"device": device, "runs": [], "probes": {}}
     for size, max_batch in settings.accelerator_max_batch.items():
         probe_file = bench.dir / "accelerator" / f"probe-{size}.json"
         probe_file.parent.mkdir(parents=True, exist_ok=True)
         probe_args = ["-m", "litlab.bench", "probe", str(probe_file), device, str(size), str(max_batch)]
         bench.process(f"probe-{size}", probe_args)
         probe = json.loads(probe_file.read_text())
-        batch = min(probe["max_batch"], max_batch)
-        for accumulation in (1, 4):
-            for precision in ACCELERATOR_PRECISIONS:
-                run = accelerator_run(bench, device, size, batch, precision, accumulation)
+        results["probes"][size] = probe
+        for accumulation in settings.accelerator_accumulations:
+            for precision in settings.accelerator_precisions:
+                run = accelerator_run(bench, device, size, probe["max_batch"], precision, accumulation)
                 run["flops_per_sample"] = probe["flops_per_sample"]
                 results["runs"].append(run)
-        results.setdefault("probes", {})[size] = probe
-    baseline = {(r["size"], r["accumulation"]): r for r in results["runs"] if r["precision"] == "fp32"}
-    for run in results["runs"]:
-        fp32 = baseline.get((run["size"], run["accumulation"]))
-        if run.get("samples_per_s") and fp32 and fp32.get("samples_per_s"):
-            run["speedup_vs_fp32"] = run["samples_per_s"] / fp32["samples_per_s"]
-            if run.get("peak_memory_mib") and fp32.get("peak_memory_mib"):
-                run["memory_vs_fp32"] = run["peak_memory_mib"] / fp32["peak_memory_mib"]
-        if run.get("samples_per_s") and run["flops_per_sample"]:
-            run["tflops"] = run["samples_per_s"] * run["flops_per_sample"] / 1e12
+    compare_to_fp32(results["runs"])
     return results
 
 
-def accelerator_run(
-    bench: Bench, device: str, size: int, batch: int, precision: str, accumulation: int
-) -> dict[str, Any]:
-    settings = bench.settings
-    name = f"resnet-{size}-{precision}-acc{accumulation}"
-    result_file = bench.dir / "accelerator" / f"{name}.json"
-    # 4 batches per epoch (a multiple of the accumulation): 5 x batch samples, 10 % val, 10 % test.
-    overrides = [
+def compare_to_fp32(runs: list[dict[str, Any]]) -> None:
+    """Adds speed-up and memory ratios against the fp32 run of the same input and accumulation,
+    and achieved TFLOP/s where the FLOPs per sample are known."""
+    fp32 = {(r["size"], r["accumulation"]): r for r in runs if r["precision"] == "fp32" and "error" not in r}
+    for run in runs:
+        if "error" in run:
+            continue
+        baseline = fp32.get((run["size"], run["accumulation"]))
+        if baseline is not None:
+            run["speedup_vs_fp32"] = run["samples_per_s"] / baseline["samples_per_s"]
+            if run["peak_memory_mib"] and baseline["peak_memory_mib"]:
+                run["memory_vs_fp32"] = run["peak_memory_mib"] / baseline["peak_memory_mib"]
+        if run.get("flops_per_sample"):
+            run["tflops"] = run["samples_per_s"] * run["flops_per_sample"] / 1e12
+
+
+def accelerator_overrides(device: str, size: int, batch: int, precision: str, accumulation: int) -> list[str]:
+    """litlab-train overrides of one accelerator run: training steps only (no validation, test,
+    logger or callbacks), 4 batches per epoch so that accumulation 4 never straddles an epoch end."""
+    return [
         "model=resnet",
         "data=synthetic",
         f"data.image_shape=[{','.join(map(str, ACCELERATOR_SHAPES[size]))}]",
-        f"model.net.small_inputs={str(size < 64).lower()}",
-        f"data.num_samples={5 * batch}",
+        f"model.net.small_inputs={str(size < 64).lower()}",  # 224x224 keeps resnet's strided stem
+        f"data.num_samples={5 * batch}",  # 10 % val, 10 % test: 4 x batch training samples
         "data.val_fraction=0.1",
         "data.test_fraction=0.1",
         f"data.batch_size={batch}",
@@ -423,8 +447,20 @@ def accelerator_run(
         f"trainer.accelerator={'gpu' if device == 'cuda' else device}",
         "trainer.limit_val_batches=0",
         "trainer.num_sanity_val_steps=0",
+        "trainer.enable_model_summary=false",
         "callbacks=none",
         "logger=none",
+    ]
+
+
+def accelerator_run(
+    bench: Bench, device: str, size: int, batch: int, precision: str, accumulation: int
+) -> dict[str, Any]:
+    settings = bench.settings
+    name = f"resnet-{size}-{precision}-acc{accumulation}"
+    result_file = bench.dir / "accelerator" / f"{name}.json"
+    overrides = [
+        *accelerator_overrides(device, size, batch, precision, accumulation),
         *litlab_timing_overrides(result_file, settings.accelerator_steps, settings.accelerator_warmup),
     ]
     run: dict[str, Any] = {
@@ -432,18 +468,17 @@ def accelerator_run(
         "batch_size": batch,
         "precision": precision,
         "accumulation": accumulation,
-        "data_mib": round(5 * batch * 3 * size * size * 4 / 2**20, 1),  # resident on the device
+        "data_mib": round(5 * batch * 3 * size * size * 4 / 2**20, 1),  # the dataset, on the device
     }
-    _, seconds, status = bench.process(name, ["-m", "litlab.train", *overrides], check=False)
-    if status != 0:
-        run["error"] = f"exit status {status} (see {bench.dir / 'processes'})"
+    _, _, status = bench.process(name, ["-m", "litlab.train", *overrides], check=False)
+    if status != 0:  # e.g. out of memory: the others still run
+        run["error"] = f"exit status {status}, see {bench.output_log(name)}"
         return run
     timing = json.loads(result_file.read_text())
     window = timing["window"]
-    samples = window["steps"] * batch * accumulation
     run.update(
         {
-            "samples_per_s": samples / window["seconds"],
+            "samples_per_s": window["steps"] * batch * accumulation / window["seconds"],
             "step_ms": 1000 * window["seconds"] / window["steps"],
             "peak_memory_mib": timing["peak_memory_mib"],
             "effective_precision": timing["precision"],
@@ -465,38 +500,52 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def probe(out: Path, device: str, size: int, max_batch: int) -> None:
-    """Largest power-of-two batch of resnet18 training steps that fits (fp32), and FLOPs per sample."""
+    """The largest power-of-two batch whose fp32 resnet18 training step fits on the device together
+    with litlab's dataset (5 x batch images, held on the device), and the model's FLOPs per sample."""
     import torch
     from lightning.fabric.utilities.throughput import measure_flops
 
     from litlab.models.nets import resnet18
 
     shape = ACCELERATOR_SHAPES[size]
-    with torch.device("meta"):
+    with torch.device("meta"):  # counts FLOPs without allocating anything
         net = resnet18(shape, 10, small_inputs=size < 64)
         x = torch.randn(2, *shape)
     flops_per_sample = measure_flops(net, lambda: net(x), lambda y: y.sum()) / 2  # forward + backward
     net = resnet18(shape, 10, small_inputs=size < 64).to(device)
     optimizer = torch.optim.AdamW(net.parameters())
-    batch, fits = 8, 0
+    on_cuda = device.startswith("cuda")
+    usable = 0.9 * torch.cuda.get_device_properties(device).total_memory if on_cuda else None
+    sample_bytes = 4 * math.prod(shape)
+    batch, chosen, peaks = 8, 8, {}
     while batch <= max_batch:
         try:
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats(device)
             images = torch.randn(batch, *shape, device=device)
-            loss = torch.nn.functional.cross_entropy(
-                net(images), torch.zeros(batch, dtype=torch.long, device=device)
-            )
-            loss.backward()
+            labels = torch.zeros(batch, dtype=torch.long, device=device)
+            torch.nn.functional.cross_entropy(net(images), labels).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            fits = batch
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             break
         finally:
-            images = loss = None
-            if device == "cuda":
+            images = labels = None
+            if on_cuda:
                 torch.cuda.empty_cache()
+        if on_cuda:
+            peaks[batch] = torch.cuda.max_memory_allocated(device)
+            if peaks[batch] + 5 * batch * sample_bytes > usable:
+                break
+        chosen = batch
         batch *= 2
-    result = {"max_batch": max(fits, 8), "tried_up_to": max_batch, "flops_per_sample": flops_per_sample}
+    result = {
+        "max_batch": chosen,
+        "tried_up_to": max_batch,
+        "flops_per_sample": flops_per_sample,
+        "probe_peak_mib": {b: round(p / 2**20) for b, p in peaks.items()},
+        "device_mib": round(usable / 0.9 / 2**20) if usable else None,
+    }
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
@@ -535,10 +584,13 @@ def markdown(result: dict[str, Any]) -> str:
     startup = result.get("startup")
     if startup:
         labels = {
-            "import_torch_s": '`python -c "import torch"`',
-            "import_lightning_s": '`python -c "import lightning"`',
-            "first_step_s": "`litlab-train`: process start to first optimizer step",
-            "config_error_exit_s": "`litlab-train precision=fp61`: exit with the error",
+            "import_torch_s": "`import torch`: process start to imported",
+            "import_torch_process_s": '`python -c "import torch"`, whole process (exit included)',
+            "import_lightning_s": "`import lightning`: process start to imported",
+            "import_lightning_process_s": '`python -c "import lightning"`, whole process (exit included)',
+            "first_step_s": "`litlab-train` (default run): process start to first optimizer step",
+            "first_step_after_lightning_import_s": "first step minus `import lightning` (litlab's own start)",
+            "config_error_exit_s": "`litlab-train precision=fp61`: whole process, exit status 2",
         }
         lines += ["**Startup** (seconds)", "", "| measure | median | min-max |", "| --- | ---: | ---: |"]
         for key, label in labels.items():
