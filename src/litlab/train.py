@@ -6,6 +6,7 @@ litlab-train -m precision=fp32,bf16 trainer.accumulate_grad_batches=1,4
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hydra
@@ -43,7 +44,12 @@ def fit(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     preflight.check_or_exit("train", sys.argv[1:])
-    train()
+    try:
+        train()
+    finally:
+        # Interpreter shutdown garbage-collects the millions of objects torch and Lightning import:
+        # 2-5 s per process on 2 cores (measured). Frozen objects are skipped: exit takes < 1 s.
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ class RunStats(Callback):
     validation excluded), training time per epoch, and peak memory of every rank.
 
     Works under DDP (every rank times its own batches; samples count across ranks) and with gradient
-    accumulation (every micro-batch counts its samples).
+    accumulation (every micro-batch counts its samples). On CUDA it synchronises only where a timing
+    window opens or closes (a few times an epoch), never per batch: a per-batch sync would stop the
+    CPU from queueing the next step while the GPU works, and slow the run it measures.
     """
 
     def __init__(self, warmup_batches: int = 5) -> None:
@@ -35,7 +37,8 @@ class RunStats(Callback):
         self._batches = 0
         self._samples = 0
         self._seconds = 0.0
-        self._last: float | None = None
+        self._window_start: float | None = None  # perf_counter when the current window opened
+        self._window_samples = 0
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
 
@@ -49,25 +52,34 @@ class RunStats(Callback):
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def _close_window(self, trainer: L.Trainer) -> None:
+        if self._window_start is not None and self._window_samples:
+            self._seconds += self._now(trainer) - self._window_start
+            self._samples += self._window_samples
+        self._window_start, self._window_samples = None, 0
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._epoch_start = self._last = self._now(trainer)
+        self._epoch_start = self._now(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._window_start is None and self._batches >= self.warmup_batches:
+            self._window_start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = self._now(trainer)
         self._batches += 1
-        if self._last is not None and self._batches > self.warmup_batches:
-            self._seconds += now - self._last
-            self._samples += batch[1].size(0) * trainer.world_size
-        self._last = now
+        if self._window_start is not None:
+            self._window_samples += batch[1].size(0) * trainer.world_size
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._last = None  # the gap that contains validation is not training time
+        self._close_window(trainer)  # validation is not training time
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._close_window(trainer)
         if self._epoch_start is not None:
             self._epoch_seconds.append(self._now(trainer) - self._epoch_start)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self._close_window(trainer)  # max_steps can end training mid-epoch
         samples_per_second = self._samples / self._seconds if self._seconds > 0 else None
         epochs = self._epoch_seconds[1:] or self._epoch_seconds  # the first epoch includes warm-up
         self.stats = {

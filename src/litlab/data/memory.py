@@ -134,6 +134,12 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
+            # Made before a Trainer was attached (build reads num_train_samples first): move them onto
+            # the training device once, or every batch is copied from host memory on every step.
+            device = self._device()
+            if self.splits["train"][1].device != device:
+                self.splits = {split: (x.to(device), y.to(device)) for split, (x, y) in self.splits.items()}
+                log.info("data %s: moved to %s", self.name, device)
             return
         images, labels = self.load()
         if tuple(images.shape[1:]) != self.image_shape:
