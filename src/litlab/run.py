@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.throughput import RunStats
+from litlab.errors import failure_reason
 from litlab.logs import global_rank
 from litlab.schema import BatchSizes, check
 from litlab.storage import RunStorage
@@ -47,6 +48,7 @@ class Run:
     batch_sizes: BatchSizes | None = None
     precision: dict[str, str] = field(default_factory=dict)
     stats: RunStats | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more summary.json sections (nonfinite, oom, tune)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -74,7 +76,7 @@ class Run:
         try:
             yield
         except BaseException as error:
-            write_summary(cfg, trainer, self, status="failed", error=f"{type(error).__name__}: {error}")
+            write_summary(cfg, trainer, self, status="failed", error=failure_reason(error))
             raise
 
 
@@ -192,6 +194,7 @@ def summarise(
         else None,
         "versions": _versions(),
         "git_commit": _git_commit(),
+        **run.extra,
     }
 
 

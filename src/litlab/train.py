@@ -20,13 +20,15 @@ schema.register()
 def train(cfg: DictConfig) -> float | None:
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     from litlab.build import build
+    from litlab.errors import one_line_errors
+    from litlab.oom import fit
     from litlab.run import finish, prepare_run
 
-    run = prepare_run(cfg)  # seed, identity, storage
-    trainer, module, data = build(cfg, run)
-    with run.recording_failure(cfg, trainer):
-        trainer.fit(module, datamodule=data, ckpt_path=run.resume_from)
-        return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
+    with one_line_errors():  # a problem the user can fix: one line on stderr, no traceback
+        run = prepare_run(cfg)  # seed, identity, storage
+        trainer, module, data = fit(cfg, run, build)  # build, fit; tune.batch_size and oom= (litlab.oom)
+        with run.recording_failure(cfg, trainer):
+            return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
 
 
 def main() -> None:
