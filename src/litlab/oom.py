@@ -88,6 +88,9 @@ def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run]
     from lightning.pytorch.tuner import Tuner
 
     tune, initial = cfg.tune, cfg.data.batch_size
+    # Every loader, the validation one included, starts at init_val (the finder resizes only the ones
+    # it resets, so a loader made at the configured size could fail the first trial on its own).
+    cfg.data.batch_size = tune.init_val
     trainer, module, data = build(cfg, run)
     with run.recording_failure(cfg, trainer):
         found = Tuner(trainer).scale_batch_size(

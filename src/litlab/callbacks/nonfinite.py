@@ -1,9 +1,12 @@
 """A non-finite (nan/inf) training loss: stop the run naming the step, or skip that optimizer step.
 
 Lightning has no such callback since ``Trainer(terminate_on_nan=...)`` was removed, and
-``EarlyStopping(check_finite=True)`` looks only at a validation metric once per epoch. The check
-happens before the optimizer step, so the weights that produced a finite loss are never replaced
-by a nan update, and no checkpoint is written afterwards: the last checkpoint stays the last good one.
+``EarlyStopping(check_finite=True)`` looks only at a validation metric once per epoch.
+
+The check runs before each optimizer step, on the step's losses and on its gradients (a finite
+loss can still have an inf gradient, and one such update makes every later loss nan). A bad step
+never reaches the weights, batch-norm statistics are put back to what they were before the bad
+forward pass, and no checkpoint is written afterwards: the last checkpoint stays the last good one.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ log = logging.getLogger("litlab")
 
 
 class NonFiniteLoss(LitlabError):
-    """Training stopped because of a nan/inf loss (``on_nonfinite=fail``)."""
+    """Training stopped because of a nan/inf loss or gradient (``on_nonfinite=fail``)."""
 
     exit_code = 1
 
@@ -31,30 +34,39 @@ class NonFiniteLossGuard(Callback):
     gradients are set to None, which torch optimizers skip) and counts it.
 
     Under DDP every rank takes the same decision (one boolean all-reduce per optimizer step), so no
-    rank waits forever for one that stopped.
+    rank waits forever for one that stopped. With fp16's gradient scaler, inf gradients are the
+    scaler's business (it skips those steps itself), so only the loss is checked.
     """
 
     def __init__(self, action: str = "fail") -> None:
         self.action = action
         self.report: dict[str, Any] = {"action": action, "skipped_steps": 0, "skipped_at_steps": []}
         self._losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses
+        self._buffers: dict[str, torch.Tensor] = {}  # batch-norm statistics before this step
         self._batch_idx = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx
+        if not self._losses:  # the first micro-batch of an optimizer step
+            self._buffers = {
+                name: buffer.detach().clone()
+                for name, buffer in pl_module.named_buffers()
+                if buffer.is_floating_point()
+            }
 
     def on_before_backward(self, trainer: L.Trainer, pl_module, loss: torch.Tensor) -> None:
-        self._losses.append(loss.detach())  # checked once per optimizer step: one device sync
+        self._losses.append(loss.detach().float().reshape(()))  # checked once per optimizer step
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module, optimizer) -> None:
-        losses, self._losses = self._losses, []
-        values = torch.stack([loss.float().reshape(()) for loss in losses]) if losses else None
-        local_bad = values is not None and not bool(torch.isfinite(values).all())
-        if not trainer.strategy.reduce_boolean_decision(local_bad, all=False):
+        losses = torch.stack(self._losses) if self._losses else None
+        self._losses = []
+        problem = self._problem(trainer, optimizer, losses)
+        if not trainer.strategy.reduce_boolean_decision(problem is not None, all=False):
             return
-        step, epoch = trainer.global_step, trainer.current_epoch
-        seen = values[~torch.isfinite(values)][0].item() if local_bad else float("nan")
-        where = f"global step {step} (epoch {epoch}, batch {self._batch_idx})"
+        problem = problem or "loss or gradient of another rank is not finite"
+        self._restore_buffers(pl_module)
+        step = trainer.global_step
+        where = f"global step {step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if self.action == "skip":
             optimizer.zero_grad(set_to_none=True)
             self.report["skipped_steps"] += 1
@@ -62,9 +74,9 @@ class NonFiniteLossGuard(Callback):
                 self.report["skipped_at_steps"].append(step)
             if trainer.is_global_zero:
                 log.warning(
-                    "loss is %s at %s: optimizer step skipped (%d so far)",
-                    seen,
+                    "at %s the %s: optimizer step skipped (%d so far)",
                     where,
+                    problem,
                     self.report["skipped_steps"],
                 )
             return
@@ -74,6 +86,28 @@ class NonFiniteLossGuard(Callback):
             f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was written yet"
         )
         raise NonFiniteLoss(
-            f"training loss is {seen} at {where}, so training stopped before that optimizer step and "
+            f"at {where} the {problem}, so training stopped before that optimizer step and "
             f"{kept}: lower optimizer.lr, set trainer.gradient_clip_val (e.g. 1.0), or use on_nonfinite=skip"
         )
+
+    def _problem(self, trainer: L.Trainer, optimizer, losses: torch.Tensor | None) -> str | None:
+        """What is not finite in this step on this rank, in words; None when all is well."""
+        if losses is not None and not bool(torch.isfinite(losses).all()):
+            return f"loss is {losses[~torch.isfinite(losses)][0].item()}"
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return None
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not grads:
+            return None
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        if bool(torch.isfinite(norm)):
+            return None
+        loss = f" while the loss ({losses.sum().item():.3g}) is finite" if losses is not None else ""
+        return f"gradient norm is {norm.item()}{loss}"
+
+    def _restore_buffers(self, pl_module) -> None:
+        """Undo what the bad step's forward passes did to batch-norm running statistics."""
+        with torch.no_grad():
+            for name, buffer in pl_module.named_buffers():
+                if name in self._buffers:
+                    buffer.copy_(self._buffers[name])
