@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from litlab.schema import cpu_cores
 from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
 
 COMPARE_PENDING = pytest.mark.xfail(strict=False, reason="litlab-compare lands with issue 3")
@@ -31,7 +32,7 @@ class Case:
     marks: list = field(default_factory=list)
 
 
-CORES = len(os.sched_getaffinity(0))
+CORES = cpu_cores()
 
 CASES = {
     # --- litlab-train: composition and schema -----------------------------------------------
@@ -213,19 +214,15 @@ def test_bad_config_does_not_import_torch(log_dir):
 # --- setups that run, with a warning --------------------------------------------------------
 
 
-def test_ddp_with_one_device_warns_and_runs(log_dir):
-    result = ok(litlab("litlab-train", "strategy=ddp", "trainer.devices=1", *TINY))
+def test_setups_that_run_but_mislead_warn_and_record_what_ran(log_dir):
+    # Two rows of the issue in one run: DDP with one device, and fp16 on a CPU (which runs bf16).
+    result = ok(litlab("litlab-train", "strategy=ddp", "trainer.devices=1", "precision=fp16", *TINY))
     (run,) = run_dirs(log_dir)
-    assert summary(run)["world_size"] == 1 and summary(run)["strategy"] == "ddp"
-    warning = [line for line in result.stdout.splitlines() if "WARNING" in line and "strategy=ddp" in line]
-    assert warning and "one process" in warning[0], result.stdout[-3000:]
-
-
-def test_fp16_on_cpu_warns_and_records_the_precision_that_ran(log_dir):
-    result = ok(litlab("litlab-train", "precision=fp16", *TINY))
-    (run,) = run_dirs(log_dir)
-    assert summary(run)["precision"] == {"requested": "16-mixed", "effective": "bf16-mixed"}
-    warning = [
-        line for line in result.stdout.splitlines() if "WARNING" in line and "requested 16-mixed" in line
-    ]
-    assert warning and "bf16-mixed" in warning[0]
+    outcome = summary(run)
+    assert (outcome["world_size"], outcome["strategy"]) == (1, "ddp")
+    assert outcome["precision"] == {"requested": "16-mixed", "effective": "bf16-mixed"}
+    warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
+    ddp = [line for line in warnings if "strategy=ddp" in line]
+    assert ddp and "one process" in ddp[0], result.stdout[-3000:]
+    precision = [line for line in warnings if "requested 16-mixed" in line]
+    assert precision and "bf16-mixed" in precision[0]

@@ -67,12 +67,12 @@ def one_line_errors() -> Iterator[None]:
         sys.exit(error.exit_code)
 
 
-def check_gpus_available(trainer_cfg: DictConfig) -> None:
-    """A LitlabError when the config asks for more GPUs than this machine has (Lightning's own
-    message for that is "No supported gpu backend found!")."""
+def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:
+    """A LitlabError when ``node.accelerator``/``node.devices`` ask for more GPUs than this machine
+    has (Lightning's own message for that is "No supported gpu backend found!")."""
     import torch
 
-    accelerator, devices = str(trainer_cfg.accelerator), trainer_cfg.devices
+    accelerator, devices = str(node.accelerator), node.devices
     if accelerator not in ("gpu", "cuda") or devices == "auto":
         return
     available = torch.cuda.device_count()
@@ -85,9 +85,9 @@ def check_gpus_available(trainer_cfg: DictConfig) -> None:
         ]
         wanted, too_many = len(indices), any(i >= available for i in indices)
     if too_many:
-        allowed = f"use trainer.devices=1 to {available}" if available else "use trainer.accelerator=cpu"
+        allowed = f"use {prefix}devices=1 to {available}" if available else f"use {prefix}accelerator=cpu"
         raise LitlabError(
-            f"trainer.accelerator={accelerator} trainer.devices={devices} asks for {wanted} GPU(s) but "
+            f"{prefix}accelerator={accelerator} {prefix}devices={devices} asks for {wanted} GPU(s) but "
             f"this machine has {available}: {allowed}"
         )
 

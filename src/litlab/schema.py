@@ -503,11 +503,16 @@ def register_resolvers() -> None:
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's accelerator names
 
 
+def cpu_cores() -> int:
+    """CPU cores this process may use (its affinity where the OS has one, as on Linux)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def check_fault_options(cfg: DictConfig) -> None:
     """Values that would fail only after torch loads (accelerator, learning rate, devices), and
     on_nonfinite, oom, tune and gradient clipping. Raises ConfigError."""
-    import os
-
     trainer = cfg.trainer
     _one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
     lr = cfg.optimizer.get("lr")
@@ -523,8 +528,8 @@ def check_fault_options(cfg: DictConfig) -> None:
             f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
             "number, or null for no clipping"
         )
-    if trainer.accelerator == "cpu" and (device_count(trainer.devices) or 1) > len(os.sched_getaffinity(0)):
-        cores = len(os.sched_getaffinity(0))
+    cores = cpu_cores()
+    if trainer.accelerator == "cpu" and (device_count(trainer.devices) or 1) > cores:
         raise ConfigError(
             f"trainer.devices={trainer.devices} is more than the {cores} CPU cores this process may "
             f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"

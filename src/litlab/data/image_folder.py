@@ -10,7 +10,6 @@ The folder is checked before torch loads (``schema.image_folder_classes``).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader, Dataset, Subset
+
+from litlab.schema import cpu_cores
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         # One loader per rank: share this machine's cores between the ranks on it, keep one for the
         # rank itself, and stop at 8 (beyond that, workers rarely speed up small images).
         devices = self.trainer.num_devices if self.trainer is not None else 1
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(0, min(8, cores // devices - 1))
+        return max(0, min(8, cpu_cores() // devices - 1))
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         workers = self._workers()
