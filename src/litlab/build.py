@@ -12,8 +12,10 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.checkpoint import AtomicCheckpointIO
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.throughput import RunStats
 from litlab.data.memory import InMemoryImageDataModule
+from litlab.errors import check_gpus_available, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.models.module import ClassifierModule
 from litlab.resume import logger_arguments
@@ -90,6 +92,7 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
     loggers = build_loggers(cfg, run)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_gpus_available(cfg.trainer)
     trainer = L.Trainer(
         **trainer_args,
         strategy=build_strategy(cfg.strategy),
@@ -103,6 +106,7 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
         plugins=[AtomicCheckpointIO()],  # a kill mid-write never leaves a truncated checkpoint
     )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
+    warn_about_setup(cfg, trainer.world_size)
     return trainer
 
 
@@ -116,7 +120,9 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
 
 def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:
     run.stats = RunStats()  # always on: summary.json and sweep reports need its figures
-    callbacks: list[Callback] = [run.stats]
+    nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # always on: a nan loss must not go unnoticed
+    run.extra["nonfinite"] = nonfinite.report
+    callbacks: list[Callback] = [run.stats, nonfinite]
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue

@@ -17,7 +17,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
 
 from litlab import schema, storage
 
@@ -35,6 +40,9 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
         )
     if any(o.is_sweep_override() for o in overrides):
         return
+    for override in overrides:
+        if not override.key_or_group:
+            _exit(f"malformed override '{override.input_line}': the key before '=' is missing")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=args, return_hydra_config=True)
@@ -42,6 +50,8 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
         _exit(_missing_option_message(error))
     except (HydraException, OmegaConfBaseException) as error:
         _exit(composition_message(error))
+    except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
+        _exit(f"malformed override: {_first_line(str(error))} (see --help for the syntax)")
     if OmegaConf.select(cfg, "hydra.mode") == "MULTIRUN":  # e.g. sweep=precision_accumulation
         return
     try:
@@ -50,6 +60,8 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
             check_storage_and_resume(cfg)
     except (schema.ConfigError, storage.StorageError) as error:
         _exit(str(error))
+    except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
+        _exit(f"'{error.full_key}' has no value: set it, or choose an option of its group")
 
 
 def check_storage_and_resume(cfg: DictConfig) -> None:

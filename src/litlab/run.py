@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from litlab import resume
 from litlab.callbacks.checkpoint import last_checkpoint
 from litlab.callbacks.throughput import RunStats
+from litlab.errors import failure_reason
 from litlab.logs import global_rank
 from litlab.multirun import sweep_job
 from litlab.schema import BatchSizes, check
@@ -52,6 +53,7 @@ class Run:
     batch_sizes: BatchSizes | None = None
     precision: dict[str, str] = field(default_factory=dict)
     stats: RunStats | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more summary.json sections (nonfinite, oom, tune)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -91,7 +93,7 @@ class Run:
         except BaseException as error:
             preempted = isinstance(error, SIGTERMException)
             status = "interrupted" if preempted else "failed"
-            write_summary(cfg, trainer, self, status=status, error=f"{type(error).__name__}: {error}")
+            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
             if preempted:  # Lightning's SIGTERMException would exit with status 0
                 log.warning("SIGTERM: exiting with status %d; the same command resumes", PREEMPTED_EXIT_CODE)
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error
@@ -223,6 +225,7 @@ def summarise(
         "sweep": sweep_job(),
         "versions": _versions(),
         "git_commit": _git_commit(),
+        **run.extra,
     }
 
 
