@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

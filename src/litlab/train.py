@@ -27,8 +27,8 @@ def train(cfg: DictConfig) -> float | None:
 def train_run(cfg: DictConfig) -> float | None:
     """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
-    from litlab.build import build
     from litlab import oom
+    from litlab.build import build
     from litlab.errors import one_line_errors
     from litlab.launch import adopt_submitit_local_ranks
     from litlab.run import finish, prepare_run
