@@ -182,12 +182,12 @@ def build_report(
     context_keys = [k for k in swept if k not in spec and k not in _DEVICE_KEYS]
     compare_devices = not (_DEVICE_KEYS & spec.keys())
 
-    def context(run: RunResult) -> tuple[Any, ...]:
-        devices = (run.summary.get("devices"), run.summary.get("num_nodes")) if compare_devices else ()
-        return (*devices, *(_lookup(run, k) for k in context_keys))
+    def context(run: RunResult) -> str:
+        devices = [run.summary.get("devices"), run.summary.get("num_nodes")] if compare_devices else []
+        return json.dumps([*devices, *(_lookup(run, k) for k in context_keys)], default=str)  # lists too
 
     contexts = [context(run) for run in runs]
-    baselines: dict[tuple[Any, ...], RunResult] = {}
+    baselines: dict[str, RunResult] = {}
     for run, key in zip(runs, contexts, strict=True):
         if run.completed and all(_same(_lookup(run, k), v) for k, v in spec.items()):
             baselines.setdefault(key, run)
