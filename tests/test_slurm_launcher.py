@@ -47,6 +47,15 @@ def test_slurm_launcher_sizes_the_job_from_the_trainer_config():
     assert (local["tasks_per_node"], local["gpus_per_node"]) == (2, None)
 
 
+def test_batch_script_asks_for_the_requeue_signal_lightning_handles():
+    script = (REPO / "scripts" / "slurm" / "train.sbatch").read_text()
+    directives = {line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")}
+    # SLURMEnvironment's auto-requeue listens for SIGUSR1: checkpoint, then `scontrol requeue`.
+    assert {"--signal=USR1@90", "--requeue", "--open-mode=append"} <= directives
+    assert any(d.startswith("--ntasks-per-node=") for d in directives)  # Lightning rejects --ntasks
+    assert "srun litlab-train" in script
+
+
 def test_slurm_launcher_refuses_devices_auto_naming_the_key():
     with pytest.raises(Exception, match=r"trainer.devices=auto cannot size a Slurm job"):
         launcher_params("hydra/launcher=slurm", "trainer.devices=auto")

@@ -62,18 +62,13 @@ def run_stamp(proposal: str) -> str:
     process is the only rank. Under torchrun the first rank to ask stores its proposal in the store
     that torchrun's agent already serves, and every rank reads that one back. In a Slurm step of
     several tasks (``srun``) every task derives it from the job and step ids, which also keeps a
-    requeued job in its run directory (where Lightning's auto-requeue left its checkpoint).
-    ``LITLAB_RUN_STAMP`` overrides all of this, for launchers litlab does not know.
+    requeued job in its run directory (where Lightning's auto-requeue left its checkpoint). For
+    launchers litlab does not know, give every rank the same ``hydra.run.dir``.
     """
-    if os.environ.get("LITLAB_RUN_STAMP"):
-        return os.environ["LITLAB_RUN_STAMP"]
     if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _agreed_under_torchrun(proposal)
     if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # inside `srun` with several tasks
-        job = os.environ["SLURM_JOB_ID"]
-        if "SLURM_ARRAY_JOB_ID" in os.environ:
-            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        return f"slurm-{job}.{os.environ['SLURM_STEP_ID']}"
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
     return proposal
 
 
@@ -85,7 +80,7 @@ def _agreed_under_torchrun(proposal: str) -> str:
             return f"torchrun-{run_id}"
         log.warning(
             "torchrun without an agent store or --rdzv-id: each rank may write its own run directory; "
-            "set LITLAB_RUN_STAMP (the same in every rank) or hydra.run.dir"
+            "give every rank the same hydra.run.dir"
         )
         return proposal
     import datetime
@@ -121,12 +116,10 @@ def tasks_per_node(devices: Any) -> int:
     return count
 
 
-def gpus_per_node(accelerator: str, devices: Any, without_gpus: Any = None) -> Any:
-    """GPUs to request per node: one per device when ``trainer.accelerator`` is a GPU, else
-    ``without_gpus`` (None: ask for none, the right thing on CPU-only partitions)."""
-    if str(accelerator) in ("gpu", "cuda"):
-        return tasks_per_node(devices)
-    return without_gpus
+def gpus_per_node(accelerator: str, devices: Any) -> int | None:
+    """GPUs to request per node: one per device when ``trainer.accelerator`` is a GPU, else None
+    (ask for none: the right thing on CPU-only partitions)."""
+    return tasks_per_node(devices) if str(accelerator) in ("gpu", "cuda") else None
 
 
 def adopt_submitit_local_ranks() -> None:
@@ -144,13 +137,3 @@ def adopt_submitit_local_ranks() -> None:
 
     # Each task keeps every GPU visible: Lightning picks the one of its local rank.
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-
-
-def ranks_created_externally() -> bool:
-    """True when a cluster launcher (torchrun, Slurm, submitit) started this process as one rank of
-    several: then Lightning launches no process, and neither may litlab."""
-    return (
-        "TORCHELASTIC_RUN_ID" in os.environ
-        or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-        or int(os.environ.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1
-    )
