@@ -57,6 +57,8 @@ class Settings:
     cases: tuple[str, ...] = tuple(STEP_CASES)
     sweep_jobs: int = 4
     sweep_overrides: tuple[str, ...] = ("trainer.max_epochs=3",)
+    joblib_overrides: tuple[str, ...] = ()  # n_jobs=-1 (the plugin's default): a worker per core
+    import_modules: tuple[str, ...] = ("torch", "lightning")
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
     # The probe doubles the batch until fp32 training runs out of memory, up to these caps.
@@ -73,6 +75,8 @@ class Settings:
             cases=("cnn-digits",),
             sweep_jobs=2,
             sweep_overrides=("trainer.max_epochs=1", "trainer.limit_train_batches=2", "test_after_fit=false"),
+            joblib_overrides=("hydra.launcher.n_jobs=1",),  # one worker process: one Lightning import
+            import_modules=("lightning",),
             accelerator_steps=4,
             accelerator_warmup=2,
             accelerator_max_batch={32: 8},
@@ -346,7 +350,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             if name == "cnn-digits":  # the default `litlab-train`: startup figures beside it
                 litlab = results["litlab"]
                 startup["first_step_s"].append(litlab["first_step_unix"] - litlab["process_start_unix"])
-                for module in ("torch", "lightning"):
+                for module in settings.import_modules:
                     imported, whole = bench.import_seconds(module)
                     startup[f"import_{module}_s"].append(imported)
                     startup[f"import_{module}_process_s"].append(whole)
@@ -374,7 +378,8 @@ def sweep_section(bench: Bench) -> dict[str, Any]:
     seeds = ",".join(str(seed) for seed in range(1, bench.settings.sweep_jobs + 1))
     common = ["-m", "litlab.train", "-m", f"seed={seeds}", *bench.settings.sweep_overrides]
     result: dict[str, Any] = {"jobs": bench.settings.sweep_jobs, "overrides": list(common[3:])}
-    for launcher, extra in (("sequential", []), ("joblib", ["hydra/launcher=joblib"])):
+    joblib = ["hydra/launcher=joblib", *bench.settings.joblib_overrides]
+    for launcher, extra in (("sequential", []), ("joblib", joblib)):
         sweep_dir = f"hydra.sweep.dir={bench.dir / 'sweeps' / launcher}"
         _, seconds, _ = bench.process(f"sweep-{launcher}", [*common, *extra, sweep_dir])
         result[f"{launcher}_s"] = seconds
