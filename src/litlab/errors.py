@@ -5,8 +5,9 @@
 memory) is raised as a ``LitlabError`` inside ``one_line_errors()``. In a single run that prints
 ``litlab: error: <sentence>`` as the last line of stderr and exits: Hydra would print its
 "Set the environment variable HYDRA_FULL_ERROR=1" hint after any error, even a compact one. With
-``HYDRA_FULL_ERROR=1``, and in a multirun (where a job failure must stay a failed job, not end the
-sweep), the error is raised on to Hydra; as a ``CompactHydraException`` it prints without a traceback.
+``HYDRA_FULL_ERROR=1`` the error is raised on, traceback and all. In a multirun, where a job failure
+must stay a failed job and not end the sweep, it is raised on to Hydra, which prints a
+``CompactHydraException`` without a traceback.
 """
 
 from __future__ import annotations

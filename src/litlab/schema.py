@@ -484,7 +484,7 @@ def check(cfg: DictConfig) -> None:
             "must each be at least 0 and below 1"
         )
     batch_sizes(data, trainer)  # raises when a fixed global batch does not divide
-    check_fault_options(cfg)
+    check_runtime_options(cfg)
 
 
 def check_eval(cfg: DictConfig) -> None:
@@ -544,7 +544,7 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def check_fault_options(cfg: DictConfig) -> None:
+def check_runtime_options(cfg: DictConfig) -> None:
     """Values that would fail only after torch loads (accelerator, learning rate, devices), and
     on_nonfinite, oom, tune and gradient clipping. Raises ConfigError."""
     trainer = cfg.trainer
