@@ -3,7 +3,7 @@
 Hydra creates the run directory before the task function runs, and reports composition errors as
 several lines ending in a hint. ``check_or_exit`` composes the same config first and turns any
 problem into one sentence on stderr, naming the bad key or value and what is allowed, then exits 2.
-Sweeps (``-m``, comma lists, sweep files) are left to Hydra: each job checks itself when it starts.
+Sweeps given with ``-m`` or comma lists are left to Hydra: each job checks itself when it starts.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
         _exit(composition_message(error))
     except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
         _exit(f"malformed override: {_first_line(str(error))} (see --help for the syntax)")
-    if OmegaConf.select(cfg, "hydra.mode") == "MULTIRUN":  # e.g. sweep=precision_accumulation
-        return
+    # A sweep file (hydra.mode: MULTIRUN) is checked on its base config: a bad value all its jobs
+    # share fails here once; values its sweeper varies are checked by each job.
     try:
         schema.check(cfg) if config_name == "train" else schema.check_eval(cfg)
         if config_name == "train":
