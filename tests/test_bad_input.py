@@ -113,12 +113,22 @@ CASES = {
 }
 
 
+# Two setups that run but mislead, and must warn: DDP with one device, fp16 on a CPU (runs bf16).
+MISLEADING = ["strategy=ddp", "trainer.devices=1", "precision=fp16"]
+
+
 @pytest.fixture(scope="module")
-def earlier(tmp_path_factory) -> Path:
-    """A log folder holding one earlier, successful run: bad commands must leave it as it is."""
+def earlier_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A log folder holding one earlier, successful run (of the misleading setups, to check their
+    warnings with the same process), and that run's output."""
     log_dir = tmp_path_factory.mktemp("earlier") / "logs"
-    ok(litlab("litlab-train", *TINY, env={"LITLAB_LOG_DIR": str(log_dir)}))
-    return log_dir
+    return log_dir, ok(litlab("litlab-train", *MISLEADING, *TINY, env={"LITLAB_LOG_DIR": str(log_dir)}))
+
+
+@pytest.fixture
+def earlier(earlier_run) -> Path:
+    """The log folder of the earlier run: bad commands must leave it as it is."""
+    return earlier_run[0]
 
 
 class Places(dict):
@@ -214,11 +224,11 @@ def test_bad_config_does_not_import_torch(log_dir):
 # --- setups that run, with a warning --------------------------------------------------------
 
 
-def test_setups_that_run_but_mislead_warn_and_record_what_ran(log_dir):
-    # Two rows of the issue in one run: DDP with one device, and fp16 on a CPU (which runs bf16).
-    result = ok(litlab("litlab-train", "strategy=ddp", "trainer.devices=1", "precision=fp16", *TINY))
-    (run,) = run_dirs(log_dir)
+def test_setups_that_run_but_mislead_warn_and_record_what_ran(earlier_run):
+    log_dir, result = earlier_run
+    run = run_dirs(log_dir)[0]  # the first run in this folder; bad-input cases may add failed ones
     outcome = summary(run)
+    assert outcome["overrides"][: len(MISLEADING)] == MISLEADING
     assert (outcome["world_size"], outcome["strategy"]) == (1, "ddp")
     assert outcome["precision"] == {"requested": "16-mixed", "effective": "bf16-mixed"}
     warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]

@@ -92,16 +92,21 @@ class NonFiniteLossGuard(Callback):
 
     def _problem(self, trainer: L.Trainer, optimizer, losses: torch.Tensor | None) -> str | None:
         """What is not finite in this step on this rank, in words; None when all is well."""
-        if losses is not None and not bool(torch.isfinite(losses).all()):
+        losses_finite = torch.isfinite(losses).all() if losses is not None else torch.tensor(True)
+        norm = None
+        if getattr(trainer.precision_plugin, "scaler", None) is None:
+            grads = [
+                p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+            ]
+            if grads:
+                norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+                )
+        all_finite = losses_finite & torch.isfinite(norm) if norm is not None else losses_finite
+        if bool(all_finite):  # the one host-device sync of a good step
+            return None
+        if not bool(losses_finite):
             return f"loss is {losses[~torch.isfinite(losses)][0].item()}"
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            return None
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not grads:
-            return None
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        if bool(torch.isfinite(norm)):
-            return None
         loss = f" while the loss ({losses.sum().item():.3g}) is finite" if losses is not None else ""
         return f"gradient norm is {norm.item()}{loss}"
 
