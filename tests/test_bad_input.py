@@ -20,9 +20,6 @@ import pytest
 from litlab.schema import cpu_cores
 from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
 
-COMPARE_PENDING = pytest.mark.xfail(strict=False, reason="litlab-compare lands with issue 3")
-STORAGE_CHECK_PENDING = pytest.mark.xfail(strict=False, reason="storage root checks land with issue 4")
-
 
 @dataclass
 class Case:
@@ -92,7 +89,6 @@ CASES = {
         "litlab-train",
         ["storage.root=/proc/litlab-storage", *TINY],
         ["/proc/litlab-storage"],
-        [STORAGE_CHECK_PENDING],
     ),
     # --- litlab-eval ----------------------------------------------------------------------------
     "eval without ckpt_path": Case("litlab-eval", [], ["ckpt_path is required", "last.ckpt"]),
@@ -106,10 +102,8 @@ CASES = {
         "litlab-eval", ["ckpt_path={other_model}"], ["ckpt_path={other_model}", "do not fit model=mlp"]
     ),
     # --- litlab-compare -------------------------------------------------------------------------
-    "compare a missing directory": Case(
-        "litlab-compare", ["{tmp}/nowhere"], ["{tmp}/nowhere"], [COMPARE_PENDING]
-    ),
-    "compare an empty directory": Case("litlab-compare", ["{empty_dir}"], ["{empty_dir}"], [COMPARE_PENDING]),
+    "compare a missing directory": Case("litlab-compare", ["{tmp}/nowhere"], ["{tmp}/nowhere"]),
+    "compare an empty directory": Case("litlab-compare", ["{empty_dir}"], ["{empty_dir}"]),
 }
 
 
