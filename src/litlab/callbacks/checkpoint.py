@@ -67,17 +67,38 @@ def run_checkpoints(
         )
     if save_last:
         # Lightning allows one trigger per ModelCheckpoint; both write the same last.ckpt.
-        callbacks.append(ModelCheckpoint(**common, filename=LAST, every_n_epochs=every_n_epochs or 1))
+        callbacks.append(
+            LastCheckpoint(**common, filename=LAST, every_n_epochs=every_n_epochs or 1, final=True)
+        )
         if every_n_train_steps:
-            callbacks.append(
-                ModelCheckpoint(**common, filename=LAST, every_n_train_steps=every_n_train_steps)
-            )
+            callbacks.append(LastCheckpoint(**common, filename=LAST, every_n_train_steps=every_n_train_steps))
     if not callbacks:
         return []  # save_top_k=0 and save_last=false: the run asked for no checkpoints at all
     callbacks.append(PreemptionCheckpoint(dirpath, filename=PREEMPTED))
     storage_folder = dirpath.rstrip("/").rsplit("/", 1)[0]
     callbacks.append(TensorBoardSync(f"{storage_folder}/tensorboard" if copy_logs else None))
     return callbacks
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Keeps ``last.ckpt`` (no monitor, one file). With ``final``, it also writes the final state when
+    training ends between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``), so last.ckpt is
+    always the state training ended in."""
+
+    def __init__(self, *args: Any, final: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.final = final
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        # _last_global_step_saved: the step each ModelCheckpoint last saved (Lightning's own skip check)
+        saved = [
+            c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
+        ]
+        if self.final and trainer.global_step not in saved:
+            path = f"{str(self.dirpath).rstrip('/')}/{LAST}{self.FILE_EXTENSION}"
+            trainer.save_checkpoint(path, weights_only=False)
+            self.best_model_path = path
 
 
 def last_checkpoint(trainer: L.Trainer) -> str | None:
