@@ -6,7 +6,7 @@ SETUP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast lint format clean rename
+.PHONY: help setup train test test-fast bench lint format clean rename
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 
 test-fast: $(SETUP) ## Run the tests not marked slow (the inner loop)
 	$(PYTHON) -m pytest -m "not slow" $(ARGS)
+
+bench: $(SETUP) ## Measure litlab against plain PyTorch (a few minutes; logs/bench/<time>/bench.md)
+	$(PYTHON) -m litlab.bench $(ARGS)
 
 lint: $(SETUP) ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check src tests scripts

@@ -39,6 +39,9 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert run["ratio"] == pytest.approx(run["litlab_step_ms"] / run["plain_step_ms"])
     assert all(run[f"{r}_step_ms"] > 0 for r in bench.RUNNERS)
     assert "| cnn-digits | 30 |" in table
+    (option,) = case["options"].values()  # tiny: model.channels_last=true beside the default run
+    assert option["step_ms"] > 0 and len(option["runs"]) == 1
+    assert "`model.channels_last=true`" in table
 
     startup = report["startup"]
     for key in ("import_lightning_s", "first_step_s", "config_error_exit_s"):
@@ -87,6 +90,18 @@ def test_accelerator_runs_are_valid_train_configs(size: int, precision: str, acc
     # 4 training batches per epoch: a whole number of accumulation windows.
     n = cfg.data.num_samples
     assert n - int(n * cfg.data.val_fraction) - int(n * cfg.data.test_fraction) == 4 * cfg.data.batch_size
+
+
+@pytest.mark.parametrize("option", bench.Settings().options)
+def test_speed_options_are_valid_train_configs(option: str, tmp_path: Path):
+    settings = bench.Settings()
+    overrides = [*bench.STEP_CASES[settings.options_case], option]
+    cfg = bench.compose_train_config(
+        [*overrides, *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10)]
+    )
+    schema.check(cfg)
+    key, value = option.split("=")
+    assert str(cfg[key.split(".")[0]][key.split(".")[1]]).lower() == value
 
 
 def test_speedups_and_memory_are_relative_to_fp32_of_the_same_input_and_accumulation():

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,9 @@ class Settings:
     cases: tuple[str, ...] = tuple(STEP_CASES)
     sweep_jobs: int = 4
     sweep_overrides: tuple[str, ...] = ("trainer.max_epochs=3",)
+    # Speed options, off by default: each runs as one more litlab run beside the default of this case.
+    options_case: str = "cnn-synthetic-3x32x32"
+    options: tuple[str, ...] = ("model.compile=true", "model.channels_last=true", "trainer.benchmark=true")
     joblib_overrides: tuple[str, ...] = ()  # n_jobs=-1 (the plugin's default): a worker per core
     import_modules: tuple[str, ...] = ("torch", "lightning")
     accelerator_steps: int = 25
@@ -75,6 +79,8 @@ class Settings:
             cases=("cnn-digits",),
             sweep_jobs=2,
             sweep_overrides=("trainer.max_epochs=1", "trainer.limit_train_batches=2", "test_after_fit=false"),
+            options_case="cnn-digits",
+            options=("model.channels_last=true",),
             joblib_overrides=("hydra.launcher.n_jobs=1",),  # one worker process: one Lightning import
             import_modules=("lightning",),
             accelerator_steps=4,
@@ -256,7 +262,7 @@ class Bench:
         return started_unix, seconds, status
 
     def output_log(self, name: str) -> Path:
-        return self.dir / "processes" / f"{self._count:03d}-{name}.log"
+        return self.dir / "processes" / f"{self._count:03d}-{file_name(name)}.log"
 
     def import_seconds(self, module: str) -> tuple[float, float]:
         """(process start to ``import module`` done, the whole process with its exit) in seconds."""
@@ -267,7 +273,7 @@ class Bench:
 
     def timed_run(self, name: str, runner: str, overrides: list[str], steps: int) -> dict[str, Any]:
         """One litlab-train or plain-loop run of ``steps`` optimizer steps; its step timings."""
-        result_file = self.dir / "steps" / f"{self._count + 1:03d}-{name}-{runner}.json"
+        result_file = self.dir / "steps" / f"{self._count + 1:03d}-{file_name(name)}-{runner}.json"
         result_file.parent.mkdir(parents=True, exist_ok=True)
         warmup = self.settings.warmup_steps
         if runner == "litlab":
@@ -278,6 +284,11 @@ class Bench:
         result = json.loads(result_file.read_text())
         result["process_start_unix"], result["process_seconds"] = started_unix, seconds
         return result
+
+
+def file_name(name: str) -> str:
+    """``name`` with what an override's value cannot hold (``=``, spaces...) replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def litlab_timing_overrides(result_file: Path, steps: int, warmup_steps: int) -> list[str]:
@@ -347,6 +358,20 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             pair["lightning_ratio"] = pair["lightning_step_ms"] / pair["plain_step_ms"]
             pair["cpu_ratio"] = pair["litlab_cpu_ms"] / pair["plain_cpu_ms"]
             case["runs"].append(pair)
+            if name == settings.options_case:
+                for option in settings.options:
+                    variant = bench.timed_run(
+                        f"{name}+{option}", "litlab", [*STEP_CASES[name], option], steps
+                    )
+                    case.setdefault("options", {}).setdefault(option, []).append(
+                        {
+                            "step_ms": median_ms(variant),
+                            "vs_default": median_ms(variant) / pair["litlab_step_ms"],
+                            "first_step_s": variant["first_step_unix"] - variant["process_start_unix"],
+                            "default_first_step_s": results["litlab"]["first_step_unix"]
+                            - results["litlab"]["process_start_unix"],
+                        }
+                    )
             if name == "cnn-digits":  # the default `litlab-train`: startup figures beside it
                 litlab = results["litlab"]
                 startup["first_step_s"].append(litlab["first_step_unix"] - litlab["process_start_unix"])
@@ -367,6 +392,16 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             case[f"{runner}_step_ms"] = statistics.median(r[f"{runner}_step_ms"] for r in runs)
         for ratio in ("ratio", "lightning_ratio", "cpu_ratio"):
             case[ratio] = spread([r[ratio] for r in runs])
+        for option, variants in case.get("options", {}).items():
+            case["options"][option] = {
+                "step_ms": statistics.median(v["step_ms"] for v in variants),
+                "vs_default": spread([v["vs_default"] for v in variants]),
+                "first_step_s": statistics.median(v["first_step_s"] for v in variants),
+                "extra_first_step_s": statistics.median(
+                    v["first_step_s"] - v["default_first_step_s"] for v in variants
+                ),
+                "runs": variants,
+            }
     if startup["first_step_s"]:  # what litlab adds to Lightning's import, per repeat
         pairs = zip(startup["first_step_s"], startup["import_lightning_s"], strict=True)
         startup["first_step_after_lightning_import_s"] = [first - imported for first, imported in pairs]
@@ -586,6 +621,24 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {floor['median']:.2f} | {cpu['median']:.2f} |"
             )
         lines.append("")
+        for name, case in cases.items():
+            if not case.get("options"):
+                continue
+            lines += [
+                f"**Options** ({name}; each beside the default litlab run of the same repeat)",
+                "",
+                "| option | ms per step | vs default (min-max) | first step s | first step vs default |",
+                "| --- | ---: | ---: | ---: | ---: |",
+                f"| (default) | {case['litlab_step_ms']:.2f} | 1.00 | | |",
+            ]
+            for option, o in case["options"].items():
+                ratio = o["vs_default"]
+                lines.append(
+                    f"| `{option}` | {o['step_ms']:.2f} "
+                    f"| {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+                    f"| {o['first_step_s']:.1f} | {o['extra_first_step_s']:+.1f} s |"
+                )
+            lines.append("")
     startup = result.get("startup")
     if startup:
         labels = {
