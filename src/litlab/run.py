@@ -127,6 +127,9 @@ def prepare_run(cfg: DictConfig) -> Run:
     )
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
+        if run.is_global_zero:  # the run directory (a sweep job's, say) still shows the run's outcome
+            text = json.dumps(run.resume.completed_summary, indent=2, default=str) + "\n"
+            (run_dir / "summary.json").write_text(text)
         return run
     run.resume_from = run.resume.point.url if run.resume.point else None
     if run.is_global_zero:
