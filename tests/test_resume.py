@@ -214,7 +214,8 @@ def test_completed_run_is_not_trained_again_and_resume_never_starts_fresh(uninte
     message = [line for line in again.stdout.splitlines() if "already completed" in line]
     assert len(message) == 1 and "resume=never" in message[0] and "run_name" in message[0]
     assert last.stat().st_mtime_ns == written
-    assert not (run_dirs(log_dir)[-1] / "summary.json").exists()
+    # The new run directory shows the finished run's outcome (a rerun sweep's report reads it).
+    assert summary(run_dirs(log_dir)[-1]) == json.loads((folder / "summary.json").read_text())
 
     fresh = ok(litlab("litlab-train", *ARGS, "resume=never", env=env_for(log_dir)))
     assert "resuming from" not in fresh.stdout
