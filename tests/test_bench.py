@@ -65,7 +65,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     # epoch means once an epoch (epoch 1 ends at step 20 of the 30).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (events,) = (out / "logs" / "train" / "runs").glob("*/tensorboard")
+    (events,) = out.glob("logs/*-cnn-digits-litlab/train/runs/*/tensorboard")  # the default run
     scalars = EventAccumulator(str(events))
     scalars.Reload()
     steps = {tag: [e.step for e in scalars.Scalars(tag) if e.step > 0] for tag in scalars.Tags()["scalars"]}
