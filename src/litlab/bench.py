@@ -1,12 +1,17 @@
 """``litlab-bench`` (``make bench``): what litlab costs, measured against plain PyTorch.
 
 Every measurement is a fresh process started from here, one after the other and alternating
-(litlab, plain, litlab, plain, ...), so machine noise falls on both sides alike. Results go to
-``logs/bench/<timestamp>/`` as ``bench.json`` and ``bench.md`` (the table, also printed).
+(litlab, bare Lightning, plain, litlab, ...), so machine noise falls on all sides alike. Results go
+to ``logs/bench/<timestamp>/`` as ``bench.json`` and ``bench.md`` (the tables, also printed), with
+every process's output under ``processes/`` and its run folder under ``logs/``.
 
 Sections:
-1. step: median time per optimizer step (warm-up excluded) of ``litlab-train`` and of the
-   hand-written loop in ``plain_loop`` below; same config, data, seed and thread count.
+1. step: median time per optimizer step (warm-up excluded) of three runners on the same net, data,
+   optimizer, batch, seed and thread count: ``litlab-train``; ``lightning_floor``, the net in a bare
+   LightningModule (what Lightning's own loop costs); and ``plain_loop``, a hand-written PyTorch loop.
+   Ratios are per repeat, reported as median and min-max. ``--threads`` sets every run's torch
+   threads (default: one per core). Speed options (compile, channels_last, cudnn benchmark) run
+   beside the default litlab run of one case.
 2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
    and how long a config error (``precision=fp61``) takes to exit.
 3. sweep: a 4-job multirun, Hydra's sequential launcher vs ``hydra/launcher=joblib``.
@@ -50,7 +55,7 @@ STEP_CASES: dict[str, list[str]] = {
 class Settings:
     """How much to run: the full bench, or the tiny mode a test uses to keep the bench working."""
 
-    repeats: int = 3
+    repeats: int = 5  # this VM's speed jumps between runs (up to 2x): medians need several
     steps: dict[str, int] = field(
         default_factory=lambda: {"mlp-digits": 400, "cnn-digits": 300, "cnn-synthetic-3x32x32": 80}
     )
@@ -361,6 +366,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             pair["ratio"] = pair["litlab_step_ms"] / pair["plain_step_ms"]
             pair["lightning_ratio"] = pair["lightning_step_ms"] / pair["plain_step_ms"]
             pair["cpu_ratio"] = pair["litlab_cpu_ms"] / pair["plain_cpu_ms"]
+            pair["litlab_vs_lightning"] = pair["litlab_step_ms"] / pair["lightning_step_ms"]
             case["runs"].append(pair)
             if name == settings.options_case:
                 for option in settings.options:
@@ -394,7 +400,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
         runs = case["runs"]
         for runner in RUNNERS:
             case[f"{runner}_step_ms"] = statistics.median(r[f"{runner}_step_ms"] for r in runs)
-        for ratio in ("ratio", "lightning_ratio", "cpu_ratio"):
+        for ratio in ("ratio", "lightning_ratio", "cpu_ratio", "litlab_vs_lightning"):
             case[ratio] = spread([r[ratio] for r in runs])
         for option, variants in case.get("options", {}).items():
             case["options"][option] = {
@@ -613,16 +619,18 @@ def markdown(result: dict[str, Any]) -> str:
             "bare Lightning: the same net in a LightningModule with no logger, metrics or callbacks)",
             "",
             "| case | steps | plain PyTorch | bare Lightning | litlab | litlab / plain (min-max) "
-            "| bare Lightning / plain | litlab / plain, CPU time |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| bare Lightning / plain | litlab / bare Lightning | litlab / plain, CPU time |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, case in cases.items():
             ratio, floor, cpu = case["ratio"], case["lightning_ratio"], case["cpu_ratio"]
+            own = case["litlab_vs_lightning"]
             lines.append(
                 f"| {name} | {case['steps']} | {case['plain_step_ms']:.2f} | {case['lightning_step_ms']:.2f} "
                 f"| {case['litlab_step_ms']:.2f} "
                 f"| **{ratio['median']:.2f}** ({ratio['min']:.2f}-{ratio['max']:.2f}) "
-                f"| {floor['median']:.2f} | {cpu['median']:.2f} |"
+                f"| {floor['median']:.2f} | {own['median']:.2f} ({own['min']:.2f}-{own['max']:.2f}) "
+                f"| {cpu['median']:.2f} |"
             )
         lines.append("")
         for name, case in cases.items():
@@ -769,7 +777,7 @@ def run_bench(args: argparse.Namespace) -> Path:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="litlab-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a few steps of one case (for tests)")
-    parser.add_argument("--repeats", type=int, default=None, help="alternating repeats (default 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating repeats (default 5)")
     parser.add_argument(
         "--threads",
         type=int,
