@@ -1,9 +1,14 @@
-"""Networks that fail on purpose, for tests: picked with ``model=mlp model.net._target_=tests.faults.X``.
+"""Networks for tests that fail on purpose or report on the process training them: picked with
+``model=mlp model.net._target_=tests.faults.X``.
 
 The test process puts the repository on PYTHONPATH so that training subprocesses can import them.
 """
 
 from __future__ import annotations
+
+import gc
+import json
+import os
 
 import torch
 
@@ -22,4 +27,20 @@ class MLPOutOfMemoryAbove32(MLP):
                 f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by tests.faults: batch "
                 f"{x.shape[0]} > {self.max_batch})"
             )
+        return super().forward(x)
+
+
+class MLPReportingItsProcess(MLP):
+    """An MLP that, at its first training forward pass, writes to $LITLAB_TEST_REPORT what the
+    training process looks like then: objects hidden from the garbage collector, and how CUDA is checked."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        report = os.environ.get("LITLAB_TEST_REPORT")
+        if self.training and report and not os.path.exists(report):
+            state = {
+                "frozen_objects": gc.get_freeze_count(),
+                "nvml_based_cuda_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+            }
+            with open(report, "w") as file:
+                json.dump(state, file)
         return super().forward(x)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import ctypes
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, litlab, ok, run_dirs, summary
+from tests.conftest import REPO, TINY, litlab, ok, run_dirs, summary
 
 
 @pytest.mark.slow
@@ -75,6 +79,38 @@ def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
     assert "[rank 0]" in train_log and "[rank 1]" in train_log
 
 
+def epoch_metrics(run: Path) -> dict[str, float]:
+    """The first epoch's train/loss and train/acc from the run's CSV log."""
+    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    return {key: float(next(row[key] for row in rows if row.get(key))) for key in ("train/loss", "train/acc")}
+
+
+@pytest.mark.slow
+def test_training_epoch_metrics_count_every_rank_once(log_dir):
+    # A frozen model (lr 1e-30 moves no float32 weight; no dropout) over one whole epoch whose 810
+    # samples split evenly over 2 ranks: one device and 2 DDP ranks see the same samples, so the
+    # epoch's loss and accuracy must agree, which they only do if every rank's sums are added up.
+    frozen = [
+        "model=mlp",
+        "model.net.dropout=0",
+        "optimizer.lr=1e-30",
+        "data.test_fraction=0.4",  # 1797 - 718 test - 269 validation = 810 training samples
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "trainer.num_sanity_val_steps=0",
+        "test_after_fit=false",
+        "logger=csv",
+    ]
+    ok(litlab("litlab-train", *frozen, "run_name=one-device"))
+    ok(litlab("litlab-train", *frozen, "trainer.devices=2", "strategy=ddp", "run_name=two-ranks"))
+    one, two = (
+        epoch_metrics(run) for run in sorted(run_dirs(log_dir), key=lambda r: summary(r)["world_size"])
+    )
+    assert 0.0 < one["train/acc"] < 1.0
+    assert two["train/acc"] == one["train/acc"]
+    assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-5)
+
+
 @pytest.mark.slow
 def test_eval_reports_the_test_metric_training_reported(log_dir):
     ok(litlab("litlab-train", "trainer.max_epochs=1", "trainer.limit_train_batches=6", "logger=none"))
@@ -108,3 +144,34 @@ def test_runs_started_in_the_same_second_get_different_directories(log_dir):
     dirs = [p.communicate(timeout=60)[0].strip() for p in processes]
     assert all(d.startswith(str(log_dir / "train" / "runs")) for d in dirs), dirs
     assert dirs[0] != dirs[1]
+
+
+def nvml_loads() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_probe(log_dir, tmp_path):
+    # Measured reasons (README "What litlab costs"): a full garbage collection walked torch's and
+    # Lightning's ~500k import-time objects (0.3 s pauses); and on machines without NVML, torch's
+    # Adam re-tried loading it at every step because Lightning's import asks for NVML-based checks.
+    report = tmp_path / "process.json"
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        "LITLAB_TEST_REPORT": str(report),
+    }
+    ok(
+        litlab(
+            "litlab-train",
+            "model=mlp",
+            "model.net._target_=tests.faults.MLPReportingItsProcess",
+            *TINY,
+            env=env,
+        )
+    )
+    state = json.loads(report.read_text())
+    assert state["frozen_objects"] > 100_000
+    assert state["nvml_based_cuda_check"] == ("1" if nvml_loads() else None)

@@ -6,8 +6,10 @@ litlab-train -m precision=fp32,bf16 trainer.accumulate_grad_batches=1,4
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
+from collections.abc import Iterator
 
 import hydra
 from omegaconf import DictConfig
@@ -38,9 +40,25 @@ def train_run(cfg: DictConfig) -> float | None:
         run = prepare_run(cfg)  # seed, identity, storage, resume decision
         if run.completed:  # the same command after the run finished: nothing left to train
             return run.stored_metric(cfg.optimized_metric)
-        trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
+        with imported_objects_frozen():
+            trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
         with run.recording_failure(cfg, trainer):
             return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
+
+
+@contextlib.contextmanager
+def imported_objects_frozen() -> Iterator[None]:
+    """Hides what exists now (mostly the ~500k objects torch and Lightning create on import) from
+    Python's cyclic garbage collector while training: a full collection walks all of them, a
+    0.3 s pause every few hundred steps of a small model (measured: one in 600 mlp steps on digits,
+    a tenth of its training time), and under DDP the other ranks wait in the next all-reduce.
+    Unfrozen afterwards, so that the next job of an in-process sweep can collect this one's garbage.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def main() -> None:

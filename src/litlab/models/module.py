@@ -1,4 +1,4 @@
-"""The one LightningModule: a network, cross-entropy loss and torchmetrics accuracy.
+"""The one LightningModule: a network, cross-entropy loss, and accuracy (torchmetrics for evaluation).
 
 Its hyperparameters are the run's whole resolved config as plain Python containers, so checkpoints
 load with torch's safe ``weights_only=True`` and ``litlab-eval`` can rebuild the module from them.
