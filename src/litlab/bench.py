@@ -1,19 +1,22 @@
 """``litlab-bench`` (``make bench``): what litlab costs, measured against plain PyTorch.
 
 Every measurement is a fresh process started from here, one after the other and alternating
-(litlab, plain, litlab, plain, ...), so machine noise falls on both sides alike. Results go to
-``logs/bench/<timestamp>/`` as ``bench.json`` and ``bench.md`` (the table, also printed).
+(litlab, bare Lightning, plain, litlab, ...), so machine noise falls on every side alike. Results go
+to ``logs/bench/<timestamp>/``: ``bench.json`` (every figure), ``bench.md`` (the tables, also
+printed) and ``processes/`` (each process's output).
 
 Sections:
-1. step: median time per optimizer step (warm-up excluded) of ``litlab-train`` and of the
-   hand-written loop in ``plain_loop`` below; same config, data, seed and thread count.
-2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
-   and how long a config error (``precision=fp61``) takes to exit.
+1. step: median time per optimizer step after warm-up of ``litlab-train``, of the same net in a
+   bare LightningModule (``lightning_floor``: Lightning's own cost) and of the hand-written loop in
+   ``plain_loop``; same config, data, batch, seed and thread count. Then the speed options
+   (``model.compile``, ``model.channels_last``, ``trainer.benchmark``) beside the default run.
+2. startup (measured beside the default run): process start to the first optimizer step, beside
+   ``import torch``/``import lightning``, and how long a config error (``precision=fp61``) takes.
 3. sweep: a 4-job multirun, Hydra's sequential launcher vs ``hydra/launcher=joblib``.
-4. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
-   accumulation, and the matmul/TF32 settings they ran with.
+4. accelerator (CUDA only; skipped with the reason otherwise): resnet18 throughput, peak memory and
+   TFLOP/s per precision and accumulation, and the matmul/TF32 settings they ran with.
 
-This module imports neither torch nor Lightning at the top: the parent process only starts others.
+The parent process imports neither torch nor Lightning (except to ask whether CUDA is there).
 """
 
 from __future__ import annotations
@@ -358,7 +361,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             pair["lightning_ratio"] = pair["lightning_step_ms"] / pair["plain_step_ms"]
             pair["cpu_ratio"] = pair["litlab_cpu_ms"] / pair["plain_cpu_ms"]
             case["runs"].append(pair)
-            if name == settings.options_case:
+            if name == settings.options_case and repeat == 0:  # once: compiling alone takes minutes
                 for option in settings.options:
                     variant = bench.timed_run(
                         f"{name}+{option}", "litlab", [*STEP_CASES[name], option], steps
