@@ -61,16 +61,20 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     else:
         assert all("error" not in r for r in accelerator["runs"]), accelerator
 
-    # litlab's run logged the step loss only where the logger writes (every 10 steps), and the
-    # epoch means once an epoch (epoch 1 ends at step 20 of the 30).
+    # litlab's runs (the default and the option's) logged the step loss only where the logger
+    # writes (every 10 steps), and the epoch means once an epoch (epoch 1 ends at step 20 of 30).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (events,) = (out / "logs" / "train" / "runs").glob("*/tensorboard")
-    scalars = EventAccumulator(str(events))
-    scalars.Reload()
-    steps = {tag: [e.step for e in scalars.Scalars(tag) if e.step > 0] for tag in scalars.Tags()["scalars"]}
-    assert steps["train/loss_step"] == [9, 19, 29]
-    assert steps["train/loss"] == steps["train/acc"] == [19, 29]
+    runs = sorted((out / "logs" / "train" / "runs").glob("*/tensorboard"))
+    assert len(runs) == 2
+    for events in runs:
+        scalars = EventAccumulator(str(events))
+        scalars.Reload()
+        steps = {
+            tag: [e.step for e in scalars.Scalars(tag) if e.step > 0] for tag in scalars.Tags()["scalars"]
+        }
+        assert steps["train/loss_step"] == [9, 19, 29]
+        assert steps["train/loss"] == steps["train/acc"] == [19, 29]
 
 
 @pytest.mark.parametrize("size", sorted(bench.ACCELERATOR_SHAPES))
