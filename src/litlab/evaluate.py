@@ -6,6 +6,7 @@ loaded with torch's safe ``weights_only=True``. Writes ``eval.json`` in its own 
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hydra
@@ -61,7 +62,10 @@ def evaluate(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     preflight.check_or_exit("eval", sys.argv[1:])
-    evaluate()
+    try:
+        evaluate()
+    finally:
+        gc.freeze()  # a faster exit, as in litlab.train.main (2-5 s of shutdown GC, measured)
 
 
 if __name__ == "__main__":
