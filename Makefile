@@ -6,7 +6,7 @@ SETUP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast bench lint format clean
+.PHONY: help setup train test test-fast bench lint format clean rename
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ lint: $(SETUP) ## ruff check and ruff format --check
 format: $(SETUP) ## Format and auto-fix with ruff
 	$(VENV)/bin/ruff format src tests scripts
 	$(VENV)/bin/ruff check --fix src tests scripts
+
+rename: ## Rename the template for your fork: make rename NAME=myproject
+	python3 scripts/rename.py '$(NAME)'
 
 clean: ## Remove run outputs and caches (keeps .venv)
 	find logs -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

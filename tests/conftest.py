@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -71,3 +74,11 @@ def run_dirs(log_dir: Path, task: str = "train") -> list[Path]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def ranks_that_joined(run_dir: Path) -> list[str]:
+    """Lightning's "Initializing distributed" lines in train.log, as "<global rank> <member>/<world>":
+    exactly one per rank of one process group, whoever launched the ranks."""
+    marker = "Initializing distributed: GLOBAL_RANK: "
+    lines = (run_dir / "train.log").read_text().splitlines()
+    return sorted(line.split(marker)[1].replace(", MEMBER:", "") for line in lines if marker in line)

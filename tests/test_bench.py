@@ -65,7 +65,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     # writes (every 10 steps), and the epoch means once an epoch (epoch 1 ends at step 20 of 30).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = sorted((out / "logs" / "train" / "runs").glob("*/tensorboard"))
+    runs = sorted(out.glob("logs/*-litlab/train/runs/*/tensorboard"))  # each process has its own logs
     assert len(runs) == 2
     for events in runs:
         scalars = EventAccumulator(str(events))

@@ -11,6 +11,7 @@ from omegaconf import open_dict
 
 from litlab import schema
 from litlab.preflight import CONFIG_DIR
+from tests.image_files import write_image_folder
 
 schema.register()
 
@@ -27,6 +28,7 @@ GROUPS = [
     "logger",
     "debug",
     "experiment",
+    "oom",
 ]
 
 
@@ -50,13 +52,14 @@ def test_every_group_has_the_documented_options():
         "strategy": {"auto", "ddp", "ddp_spawn", "fsdp"},
         "precision": {"fp32", "fp16", "bf16", "fp16_true", "bf16_true"},
         "callbacks": {"default", "none", "early_stopping", "checkpoint", "throughput"},
-        "data": {"digits", "synthetic"},
+        "data": {"digits", "synthetic", "image_folder"},
         "model": {"mlp", "cnn", "resnet"},
         "optimizer": {"adamw", "sgd"},
         "scheduler": {"none", "cosine", "exponential", "onecycle"},
         "logger": {"tensorboard", "csv", "none"},
         "debug": {"fast", "overfit", "profile", "anomaly"},
         "storage": {"local"},
+        "oom": {"fail", "auto_shrink"},
     }
     for group, names in expected.items():
         assert names <= set(options(group)), group
@@ -81,6 +84,8 @@ def test_option_composes_and_instantiates(group: str, option: str, tmp_path: Pat
     overrides = [f"{group}={option}"]
     if group == "model" and option == "resnet":
         overrides.append("data=synthetic")  # resnet wants more than 8x8 pixels to be meaningful
+    if group == "data" and option == "image_folder":
+        overrides.append(f"data.root={write_image_folder(tmp_path / 'images')}")
     cfg = compose_train(overrides, tmp_path)
     schema.check(cfg)
 

@@ -49,16 +49,6 @@ def test_overrides_reach_the_trainer_and_the_summary(log_dir):
     assert (run / "csv" / "metrics.csv").is_file()
 
 
-def test_fp16_on_cpu_warns_and_records_the_precision_that_ran(log_dir):
-    result = ok(litlab("litlab-train", "precision=fp16", *TINY))
-    (run,) = run_dirs(log_dir)
-    assert summary(run)["precision"] == {"requested": "16-mixed", "effective": "bf16-mixed"}
-    warning = [
-        line for line in result.stdout.splitlines() if "WARNING" in line and "requested 16-mixed" in line
-    ]
-    assert warning and "bf16-mixed" in warning[0]
-
-
 def test_global_batch_size_derives_the_micro_batch(log_dir):
     ok(litlab("litlab-train", "data.global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
     (run,) = run_dirs(log_dir)

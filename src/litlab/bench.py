@@ -254,8 +254,12 @@ class Bench:
         output.parent.mkdir(parents=True, exist_ok=True)
         with output.open("w") as sink:
             started_unix, started = time.time(), time.perf_counter()
+            # Each process gets its own log folder: repeats of one command would otherwise find their
+            # run identity completed (resume=auto) and time a run that trains nothing.
+            own_logs = self.dir / "logs" / f"{self._count:03d}-{file_name(name)}"
+            env = {**self.env, "LITLAB_LOG_DIR": str(own_logs)}
             status = subprocess.run(
-                [sys.executable, *args], stdout=sink, stderr=subprocess.STDOUT, env=self.env
+                [sys.executable, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
             ).returncode
             seconds = time.perf_counter() - started
         if check and status != 0:

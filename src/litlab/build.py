@@ -11,10 +11,14 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.callbacks.checkpoint import AtomicCheckpointIO
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.throughput import RunStats
 from litlab.data.memory import InMemoryImageDataModule
+from litlab.errors import check_gpus_available, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.models.module import ClassifierModule
+from litlab.resume import logger_arguments
 from litlab.schema import BatchSizes, batch_sizes
 
 if TYPE_CHECKING:
@@ -85,9 +89,10 @@ def total_optimizer_steps(cfg: DictConfig, data: InMemoryImageDataModule, sizes:
 
 
 def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
-    loggers = build_loggers(cfg)
+    loggers = build_loggers(cfg, run)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_gpus_available(cfg.trainer)
     trainer = L.Trainer(
         **trainer_args,
         strategy=build_strategy(cfg.strategy),
@@ -98,8 +103,10 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
         default_root_dir=str(run.dir),
+        plugins=[AtomicCheckpointIO()],  # a kill mid-write never leaves a truncated checkpoint
     )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
+    warn_about_setup(cfg, trainer.world_size)
     return trainer
 
 
@@ -113,7 +120,9 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
 
 def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:
     run.stats = RunStats()  # always on: summary.json and sweep reports need its figures
-    callbacks: list[Callback] = [run.stats]
+    nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # always on: a nan loss must not go unnoticed
+    run.extra["nonfinite"] = nonfinite.report
+    callbacks: list[Callback] = [run.stats, nonfinite]
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue
@@ -121,14 +130,20 @@ def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[
         if target.endswith("LearningRateMonitor") and not has_logger:
             log.info("callback %s left out: it logs to a logger and logger=none", name)
             continue
-        if target.endswith("ModelCheckpoint"):
-            callbacks.append(instantiate(callback_cfg, dirpath=run.checkpoint_dir))
+        if target.endswith(("ModelCheckpoint", "run_checkpoints")):  # they write into the storage folder
+            made = instantiate(callback_cfg, dirpath=run.checkpoint_dir)
         else:
-            callbacks.append(instantiate(callback_cfg, _convert_="all"))
-        log.debug("callback %s: %s", name, type(callbacks[-1]).__name__)
+            made = instantiate(callback_cfg, _convert_="all")
+        callbacks.extend(made if isinstance(made, list) else [made])
+        log.debug("callback %s: %s", name, made)
     return callbacks
 
 
-def build_loggers(cfg: DictConfig) -> list[Any] | bool:
-    loggers = [instantiate(c, _convert_="all") for c in cfg.logger.values() if c is not None]
+def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
+    # logger_arguments: a resumed run's TensorBoard continues the run's log directory.
+    loggers = [
+        instantiate(c, **logger_arguments(c, run), _convert_="all")
+        for c in cfg.logger.values()
+        if c is not None
+    ]
     return loggers or False

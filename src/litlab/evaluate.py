@@ -30,13 +30,16 @@ def evaluate(cfg: DictConfig) -> float | None:
 
     from litlab.build import build_datamodule, build_module
     from litlab.callbacks.progress import progress_bar
-    from litlab.storage import read_checkpoint
+    from litlab.errors import check_gpus_available, load_weights, one_line_errors, read_run_checkpoint
 
     log = logging.getLogger("litlab")
-    checkpoint = read_checkpoint(cfg.ckpt_path)
-    train_cfg = OmegaConf.create(checkpoint["hyper_parameters"]["config"])
-    data = build_datamodule(train_cfg.data, train_cfg.data.batch_size)
-    module = build_module(train_cfg, total_steps=checkpoint["hyper_parameters"]["total_steps"])
+    with one_line_errors():  # not a checkpoint, another model's, no such GPU: one line, no traceback
+        checkpoint = read_run_checkpoint(cfg.ckpt_path)
+        train_cfg = OmegaConf.create(checkpoint["hyper_parameters"]["config"])
+        data = build_datamodule(train_cfg.data, train_cfg.data.batch_size)
+        module = build_module(train_cfg, total_steps=checkpoint["hyper_parameters"]["total_steps"])
+        load_weights(module, checkpoint, cfg.ckpt_path)
+        check_gpus_available(cfg, prefix="")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     trainer = L.Trainer(
         accelerator=cfg.accelerator,

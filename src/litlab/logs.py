@@ -8,7 +8,7 @@ import os
 
 def global_rank() -> int:
     """This process's global rank, read from what the launcher (Lightning, torchrun, Slurm) set."""
-    for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+    for name in ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         if name in os.environ:
             return int(os.environ[name])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -21,20 +21,25 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from litlab import resume
+from litlab.callbacks.checkpoint import last_checkpoint
 from litlab.callbacks.throughput import RunStats
+from litlab.errors import failure_reason
 from litlab.logs import global_rank
+from litlab.multirun import sweep_job
 from litlab.schema import BatchSizes, check
-from litlab.storage import RunStorage
+from litlab.storage import RunStorage, check_storage, storage_options, use_storage_options
 
 log = logging.getLogger("litlab")
 
 # Overrides that say where or how a run is launched, not what it is: not part of its identity.
 _NOT_IDENTITY = ("hydra.", "resume", "run_name", "paths.", "storage.", "hydra/", "storage=")
+PREEMPTED_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
 @dataclass
@@ -43,10 +48,12 @@ class Run:
     identity: str
     storage: RunStorage
     resume_from: str | None = None
+    resume: resume.Decision | None = None
     started: float = field(default_factory=time.time)
     batch_sizes: BatchSizes | None = None
     precision: dict[str, str] = field(default_factory=dict)
     stats: RunStats | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more summary.json sections (nonfinite, oom, tune)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -55,6 +62,16 @@ class Run:
     @property
     def is_global_zero(self) -> bool:
         return global_rank() == 0
+
+    @property
+    def completed(self) -> bool:
+        """The run of this identity already completed: the same command has nothing left to train."""
+        return self.resume is not None and self.resume.completed_summary is not None
+
+    def stored_metric(self, name: str) -> float | None:
+        """A metric from the stored summary of a completed run (what the sweep's objective returns)."""
+        summary = (self.resume.completed_summary if self.resume else None) or {}
+        return summary.get("metrics", {}).get(name)
 
     def note_precision(self, requested: str, effective: str) -> None:
         self.precision = {"requested": requested, "effective": effective}
@@ -74,7 +91,12 @@ class Run:
         try:
             yield
         except BaseException as error:
-            write_summary(cfg, trainer, self, status="failed", error=f"{type(error).__name__}: {error}")
+            preempted = isinstance(error, SIGTERMException)
+            status = "interrupted" if preempted else "failed"
+            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+            if preempted:  # Lightning's SIGTERMException would exit with status 0
+                log.warning("SIGTERM: exiting with status %d; the same command resumes", PREEMPTED_EXIT_CODE)
+                raise SystemExit(PREEMPTED_EXIT_CODE) from error
             raise
 
 
@@ -90,16 +112,31 @@ def run_identity(cfg: DictConfig) -> str:
 
 
 def prepare_run(cfg: DictConfig) -> Run:
-    """Check the config, seed, and decide the run's identity and storage folder."""
+    """Check the config, seed, and decide the run's identity, storage folder and resume point."""
     check(cfg)  # single runs were checked before Hydra started; sweep jobs are checked here
+    check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     identity = run_identity(cfg)
-    storage = RunStorage(cfg.storage.root, identity)
+    options = storage_options(cfg.storage)
+    use_storage_options(cfg.storage.root, options)
+    storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
+    run.resume = resume.decide(
+        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
+    )
+    if run.completed:
+        log.warning(resume.completed_message(storage, run.resume.completed_summary))
+        if run.is_global_zero:  # the run directory (a sweep job's, say) still shows the run's outcome
+            text = json.dumps(run.resume.completed_summary, indent=2, default=str) + "\n"
+            (run_dir / "summary.json").write_text(text)
+        return run
+    run.resume_from = run.resume.point.url if run.resume.point else None
     if run.is_global_zero:
         storage.prepare()
         storage.link_into(run_dir)
+        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage, run_dir)
+        resume.record_start(storage, run.resume, run_dir)
         storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
     return run
@@ -168,6 +205,7 @@ def summarise(
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
+        "cluster_environment": _cluster_environment(trainer),
         "micro_batch_size": sizes.micro if sizes else None,
         "accumulate_grad_batches": sizes.accumulation if sizes else None,
         "effective_batch_size": sizes.effective if sizes else None,
@@ -180,19 +218,25 @@ def summarise(
         "checkpoints": {
             "dir": run.checkpoint_dir,
             "best": getattr(checkpoint, "best_model_path", None) or None,
-            "last": getattr(checkpoint, "last_model_path", None) or None,
+            "last": last_checkpoint(trainer),
             "tested": tested_checkpoint,
         },
-        "resumed_count": 0,
+        "resumed_count": run.resume.resumed_count if run.resume else 0,
         "wall_time_s": round(time.time() - run.started, 3),
         "started_at": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "sweep": {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
-        if hydra.mode == RunMode.MULTIRUN
-        else None,
+        "sweep": sweep_job(),
         "versions": _versions(),
         "git_commit": _git_commit(),
+        **run.extra,
     }
+
+
+def _cluster_environment(trainer: L.Trainer) -> str | None:
+    """Who started the ranks, as Lightning saw it: LightningEnvironment (Lightning itself),
+    TorchElasticEnvironment (torchrun) or SLURMEnvironment; None for a single-device run."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return type(environment).__name__ if environment is not None else None
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:

@@ -108,6 +108,23 @@ class PrecisionConfig:
 class StorageConfig:
     name: str = "local"
     root: str = MISSING  # a path or fsspec URL
+    create_root: bool = True  # false for mounted drives: a missing mount point is an error
+    copy_logs: bool = False  # copy TensorBoard event files here with every checkpoint
+
+
+@dataclass
+class S3StorageConfig(StorageConfig):
+    # No key or secret fields: credentials come only from the environment / AWS credential chain.
+    endpoint_url: str | None = None
+    region: str | None = None
+    check_timeout_s: float = 2.0
+
+
+@dataclass
+class GCSStorageConfig(StorageConfig):
+    endpoint_url: str | None = None
+    project: str | None = None
+    check_timeout_s: float = 2.0
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -135,6 +152,15 @@ class DigitsDataConfig(DataConfig):
 @dataclass
 class SyntheticDataConfig(DataConfig):
     num_samples: int = 2048
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    root: str = MISSING  # root/<class>/<image>, or root/train/<class>/... with val/ (and test/)
+    num_workers: int | None = None  # null: CPU cores per device, at most 8
+    pin_memory: bool | None = None  # null: on when training on a GPU
+    mean: list[float] = field(default_factory=lambda: [0.5])  # per channel, or one for all
+    std: list[float] = field(default_factory=lambda: [0.5])
 
 
 # --- model -----------------------------------------------------------------------------------
@@ -260,6 +286,32 @@ class OneCycleSchedulerConfig(SteppedSchedulerConfig):
     scheduler: OneCycleScheduleConfig = field(default_factory=OneCycleScheduleConfig)
 
 
+# --- faults: non-finite loss, out of memory, batch-size tuning -------------------------------
+
+NONFINITE_ACTIONS = ("fail", "skip")
+OOM_ACTIONS = ("fail", "auto_shrink")
+TUNE_MODES = ("power", "binsearch")
+
+
+@dataclass
+class OomConfig:
+    action: str = "fail"  # one of OOM_ACTIONS
+    max_shrinks: int = 4  # auto_shrink: halvings of the micro-batch at most
+    within_steps: int = 10  # auto_shrink: only an OOM before this many optimizer steps is retried
+
+
+@dataclass
+class TuneConfig:
+    """Lightning's batch-size finder (``lightning.pytorch.tuner.Tuner.scale_batch_size``)."""
+
+    batch_size: bool = False
+    mode: str = "power"  # one of TUNE_MODES
+    init_val: int = 2
+    max_trials: int = 25
+    steps_per_trial: int = 3
+    max_val: int = 8192
+
+
 # --- paths and the entry configs -------------------------------------------------------------
 
 
@@ -288,9 +340,13 @@ class TrainConfig:
     task_name: str = "train"
     experiment_name: str = "default"
     run_name: str | None = None
+    resume: str = "auto"  # auto, never, or the path/URL of a checkpoint
     seed: int = 42
     test_after_fit: bool = True
     optimized_metric: str = "val/acc"
+    on_nonfinite: str = "fail"  # one of NONFINITE_ACTIONS
+    oom: OomConfig = field(default_factory=OomConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 @dataclass
@@ -306,7 +362,10 @@ class EvalConfig:
 
 def register() -> None:
     """Store the schemas in Hydra's ConfigStore and register litlab's resolvers (idempotent)."""
+    from litlab import launch
+
     register_resolvers()
+    launch.register()  # one run directory for all ranks; Slurm job sizes
     store = ConfigStore.instance()
     store.store(name="litlab_train_schema", node=TrainConfig)
     store.store(name="litlab_eval_schema", node=EvalConfig)
@@ -318,8 +377,13 @@ def register() -> None:
             "fsdp": FSDPStrategyConfig,
         },
         "precision": {"default": PrecisionConfig},
-        "storage": {"default": StorageConfig},
-        "data": {"digits": DigitsDataConfig, "synthetic": SyntheticDataConfig},
+        "oom": {"default": OomConfig},
+        "storage": {"default": StorageConfig, "s3": S3StorageConfig, "gcs": GCSStorageConfig},
+        "data": {
+            "digits": DigitsDataConfig,
+            "synthetic": SyntheticDataConfig,
+            "image_folder": ImageFolderDataConfig,
+        },
         "model": {"mlp": MLPModelConfig, "cnn": CNNModelConfig, "resnet": ResNetModelConfig},
         "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
         "scheduler": {
@@ -391,7 +455,10 @@ def _positive(key: str, value: Any, allowed: str = "a positive integer") -> None
 
 def check(cfg: DictConfig) -> None:
     """Rules of a train config that types cannot express. Raises ConfigError."""
+    _check_no_added_keys(cfg)
     trainer, data = cfg.trainer, cfg.data
+    if "root" in data.keys():  # noqa: SIM118 (data=image_folder; `in data` is False while root is ???)
+        image_folder_classes(data)  # before anything reads data.num_classes, which counts them
     if trainer.max_epochs != -1:
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
     if trainer.max_steps != -1:
@@ -417,11 +484,13 @@ def check(cfg: DictConfig) -> None:
             "must each be at least 0 and below 1"
         )
     batch_sizes(data, trainer)  # raises when a fixed global batch does not divide
+    check_runtime_options(cfg)
 
 
 def check_eval(cfg: DictConfig) -> None:
     """Rules of an eval config. Raises ConfigError."""
     import os
+    import zipfile
 
     from omegaconf import OmegaConf
 
@@ -430,13 +499,157 @@ def check_eval(cfg: DictConfig) -> None:
     path = str(cfg.ckpt_path)
     if "://" not in path and not os.path.isfile(path):
         raise ConfigError(f"ckpt_path={path} is not a file")
+    if "://" not in path and not zipfile.is_zipfile(path):  # torch.save writes zip archives
+        raise ConfigError(
+            f"ckpt_path={path} is not a checkpoint: pass a .ckpt file that litlab-train wrote, "
+            "e.g. <run dir>/checkpoints/last.ckpt"
+        )
 
 
 def register_resolvers() -> None:
-    """``${litlab_uid:}``: a short random id, fixed for the process (cached), for run directories."""
+    """``${litlab_uid:}``: a short random id, fixed for the process (cached), for run directories.
+    ``${litlab_cwd:}``: the directory litlab was started from (paths.root_dir).
+    ``${litlab_class_folders:ROOT}``: the number of class folders of an image folder."""
     import secrets
 
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("litlab_uid"):
         OmegaConf.register_new_resolver("litlab_uid", lambda: secrets.token_hex(3), use_cache=True)
+    if not OmegaConf.has_resolver("litlab_cwd"):
+        OmegaConf.register_new_resolver("litlab_cwd", _start_dir)
+    if not OmegaConf.has_resolver("litlab_class_folders"):
+        OmegaConf.register_new_resolver(
+            "litlab_class_folders", lambda root: len(image_folder_classes({"root": root})), use_cache=True
+        )
+
+
+def _start_dir() -> str:
+    # ${hydra:runtime.cwd} fails where Hydra has not set its config yet: in a multirun's own process,
+    # whose sweeper and launcher resolve hydra.sweep.dir (under paths.log_dir) before any job starts.
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
+
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's accelerator names
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may use (its affinity where the OS has one, as on Linux)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_runtime_options(cfg: DictConfig) -> None:
+    """Values that would fail only after torch loads (accelerator, learning rate, devices), and
+    on_nonfinite, oom, tune and gradient clipping. Raises ConfigError."""
+    trainer = cfg.trainer
+    _one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    lr = cfg.optimizer.get("lr")
+    if isinstance(lr, (int, float)) and lr <= 0:
+        raise ConfigError(f"optimizer.lr={lr} is not allowed: use a positive learning rate")
+    _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
+    _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
+    _positive("oom.max_shrinks", cfg.oom.max_shrinks)
+    _positive("oom.within_steps", cfg.oom.within_steps)
+    _one_of("trainer.gradient_clip_algorithm", trainer.gradient_clip_algorithm, ("norm", "value"))
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
+            "number, or null for no clipping"
+        )
+    cores = cpu_cores()
+    if trainer.accelerator == "cpu" and (device_count(trainer.devices) or 1) > cores:
+        raise ConfigError(
+            f"trainer.devices={trainer.devices} is more than the {cores} CPU cores this process may "
+            f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"
+        )
+    tune = cfg.tune
+    _one_of("tune.mode", tune.mode, TUNE_MODES)
+    for key in ("init_val", "max_trials", "steps_per_trial", "max_val"):
+        _positive(f"tune.{key}", tune[key])
+    if tune.batch_size and cfg.data.global_batch_size is not None:
+        raise ConfigError(
+            f"tune.batch_size=true cannot tune data.global_batch_size={cfg.data.global_batch_size}: "
+            "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
+        )
+    if tune.batch_size and (device_count(trainer.devices) != 1 or trainer.num_nodes != 1):
+        raise ConfigError(
+            f"tune.batch_size=true runs on one device, not trainer.devices={trainer.devices} "
+            f"trainer.num_nodes={trainer.num_nodes} (Lightning's finder does not support distributed "
+            "strategies): tune with trainer.devices=1, then train with the found data.batch_size"
+        )
+
+
+def _check_no_added_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """``+trainer.foo=1`` adds a key even to a typed node; only typos do that, so refuse them."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    schema_type = OmegaConf.get_type(cfg)
+    allowed = (
+        {f.name for f in dataclasses.fields(schema_type)} if dataclasses.is_dataclass(schema_type) else None
+    )
+    for key in cfg:
+        name = f"{prefix}{key}"
+        if name == "hydra":
+            continue
+        if allowed is not None and key not in allowed:
+            public = ", ".join(sorted(k for k in allowed if not k.startswith("_")))
+            raise ConfigError(f"unknown key '{name}': allowed keys are {public}")
+        node = cfg._get_node(key)
+        if OmegaConf.is_dict(node) and not OmegaConf.is_missing(cfg, key):
+            _check_no_added_keys(node, f"{name}.")
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value} is not allowed: use one of {', '.join(allowed)}")
+
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, repeated here so the check runs without torch.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def image_folder_classes(data: Any) -> list[str]:
+    """Class names (sub-folders holding images) of ``data.root``, or of ``data.root/train`` when it
+    has train/ and val/ splits. Raises ConfigError for a missing, unreadable or empty folder."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(data) and OmegaConf.is_missing(data, "root"):
+        raise ConfigError(
+            "data.root is required with data=image_folder: the folder that holds one sub-folder of "
+            "images per class (data.root=/path/to/images)"
+        )
+    root = Path(str(data["root"])).expanduser()
+    layout = "one sub-folder of images per class (root/<class>/<image>.png)"
+    if not root.is_dir():
+        raise ConfigError(f"data.root={root} is not a folder: point it at a folder with {layout}")
+    folder = root / "train" if (root / "train").is_dir() and (root / "val").is_dir() else root
+    try:
+        classes = sorted(
+            d.name
+            for d in folder.iterdir()
+            if d.is_dir() and any(f.suffix.lower() in IMAGE_EXTENSIONS for f in d.rglob("*"))
+        )
+    except OSError as error:
+        raise ConfigError(f"data.root={root} cannot be read ({error.strerror})") from error
+    if not classes:
+        raise ConfigError(
+            f"data.root={root} holds no images: expected {layout}, with files ending in "
+            + ", ".join(IMAGE_EXTENSIONS)
+        )
+    shape = data.get("image_shape") if hasattr(data, "get") else None
+    if shape is not None and not OmegaConf.is_missing(data, "image_shape") and shape[0] not in (1, 3):
+        raise ConfigError(
+            f"data.image_shape={list(shape)} is not allowed with data=image_folder: the first entry "
+            "is the channels, 1 (grey) or 3 (RGB)"
+        )
+    return classes

@@ -12,22 +12,35 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from litlab import preflight, schema
+from litlab import multirun, preflight, schema
 
 schema.register()
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
 def train(cfg: DictConfig) -> float | None:
+    if multirun.sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
+        return multirun.run_sweep_job(cfg, train_run)
+    return train_run(cfg)
+
+
+def train_run(cfg: DictConfig) -> float | None:
+    """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
+    from litlab import oom
     from litlab.build import build
+    from litlab.errors import one_line_errors
+    from litlab.launch import adopt_submitit_local_ranks
     from litlab.run import finish, prepare_run
 
-    run = prepare_run(cfg)  # seed, identity, storage
-    trainer, module, data = build(cfg, run)
-    with run.recording_failure(cfg, trainer):
-        trainer.fit(module, datamodule=data, ckpt_path=run.resume_from)
-        return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
+    adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
+    with one_line_errors():  # a problem the user can fix: one line on stderr, no traceback
+        run = prepare_run(cfg)  # seed, identity, storage, resume decision
+        if run.completed:  # the same command after the run finished: nothing left to train
+            return run.stored_metric(cfg.optimized_metric)
+        trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
+        with run.recording_failure(cfg, trainer):
+            return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -40,6 +41,11 @@ class RunStats(Callback):
         self._window_samples = 0
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # Peaks count from here: an earlier run in this process (a sweep's previous job) or the
+        # imports before it must not be in this run's figure.
+        _reset_peak_memory(trainer.strategy.root_device)
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -95,8 +101,33 @@ class RunStats(Callback):
             )
 
 
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux >= 4.0: "5" resets the process's peak RSS (VmHWM) to its current RSS
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        log.debug("peak RSS cannot be reset here; it counts from the start of the process")
+
+
+def _peak_rss_bytes() -> float:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024  # in kB
+    except OSError:
+        pass
+    # Elsewhere: the peak since the process started (ru_maxrss is in KiB on Linux, bytes on macOS).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(peak) if sys.platform == "darwin" else peak * 1024.0
+
+
 def _peak_memory(trainer: L.Trainer) -> dict[str, Any]:
-    """Peak memory of every rank, gathered to all: CUDA allocator peaks, or peak RSS on CPU."""
+    """Peak memory of every rank since fitting started, gathered to all: CUDA allocator peaks, or
+    peak RSS on CPU."""
     device = trainer.strategy.root_device
     if device.type == "cuda":
         local = torch.tensor(
@@ -106,10 +137,7 @@ def _peak_memory(trainer: L.Trainer) -> dict[str, Any]:
         )
         kind = "cuda"
     else:
-        # ru_maxrss is in KiB on Linux.
-        local = torch.tensor(
-            [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64
-        )
+        local = torch.tensor([_peak_rss_bytes()], dtype=torch.float64)
         kind = "cpu_rss"
     gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu() / 2**20
     if kind == "cuda":

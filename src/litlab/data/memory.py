@@ -17,7 +17,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,8 @@ class InMemoryImageDataModule(L.LightningDataModule):
             test_fraction,
             split_seed,
         )
-        self.augment_config = list(augment)
+        # torchvision.transforms.v2 objects (Hydra instantiates the config's entries recursively).
+        self.augment = list(augment)
         self.splits: dict[str, tuple[Tensor, Tensor]] = {}
         self._train_loader: TensorBatches | None = None
 
@@ -199,10 +199,10 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> TensorBatches:
         transform = None
-        if self.augment_config:
+        if self.augment:
             from torchvision.transforms import v2
 
-            transform = v2.Compose([instantiate(t) for t in self.augment_config])
+            transform = v2.Compose(self.augment)
         self._train_loader = self._loader("train", shuffle=True, transform=transform)
         return self._train_loader
 

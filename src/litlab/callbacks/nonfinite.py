@@ -1,0 +1,118 @@
+"""A non-finite (nan/inf) training loss: stop the run naming the step, or skip that optimizer step.
+
+Lightning has no such callback since ``Trainer(terminate_on_nan=...)`` was removed, and
+``EarlyStopping(check_finite=True)`` looks only at a validation metric once per epoch.
+
+The check runs before each optimizer step, on the step's losses and on its gradients (a finite
+loss can still have an inf gradient, and one such update makes every later loss nan). A bad step
+never reaches the weights, batch-norm statistics are put back to what they were before the bad
+forward pass, and no checkpoint is written afterwards: the last checkpoint stays the last good one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from litlab.errors import LitlabError
+
+log = logging.getLogger("litlab")
+
+
+class NonFiniteLoss(LitlabError):
+    """Training stopped because of a nan/inf loss or gradient (``on_nonfinite=fail``)."""
+
+    exit_code = 1
+
+
+class NonFiniteLossGuard(Callback):
+    """``action="fail"`` raises NonFiniteLoss; ``action="skip"`` drops the optimizer step (its
+    gradients are set to None, which torch optimizers skip) and counts it.
+
+    Under DDP every rank takes the same decision (one boolean all-reduce per optimizer step), so no
+    rank waits forever for one that stopped. With fp16's gradient scaler, inf gradients are the
+    scaler's business (it skips those steps itself), so only the loss is checked.
+    """
+
+    def __init__(self, action: str = "fail") -> None:
+        self.action = action
+        self.report: dict[str, Any] = {"action": action, "skipped_steps": 0, "skipped_at_steps": []}
+        self._losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses
+        self._buffers: dict[str, torch.Tensor] = {}  # batch-norm statistics before this step
+        self._batch_idx = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        self._batch_idx = batch_idx
+        if not self._losses:  # the first micro-batch of an optimizer step
+            self._buffers = {
+                name: buffer.detach().clone()
+                for name, buffer in pl_module.named_buffers()
+                if buffer.is_floating_point()
+            }
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module, loss: torch.Tensor) -> None:
+        self._losses.append(loss.detach().float().reshape(()))  # checked once per optimizer step
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module, optimizer) -> None:
+        losses = torch.stack(self._losses) if self._losses else None
+        self._losses = []
+        problem = self._problem(trainer, optimizer, losses)
+        if not trainer.strategy.reduce_boolean_decision(problem is not None, all=False):
+            return
+        problem = problem or "loss or gradient of another rank is not finite"
+        self._restore_buffers(pl_module)
+        step = trainer.global_step
+        where = f"global step {step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
+        if self.action == "skip":
+            optimizer.zero_grad(set_to_none=True)
+            self.report["skipped_steps"] += 1
+            if len(self.report["skipped_at_steps"]) < 100:
+                self.report["skipped_at_steps"].append(step)
+            if trainer.is_global_zero:
+                log.warning(
+                    "at %s the %s: optimizer step skipped (%d so far)",
+                    where,
+                    problem,
+                    self.report["skipped_steps"],
+                )
+            return
+        self.report["failed_at_step"] = step
+        checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", "") or None
+        kept = (
+            f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was written yet"
+        )
+        raise NonFiniteLoss(
+            f"at {where} the {problem}, so training stopped before that optimizer step and "
+            f"{kept}: lower optimizer.lr, set trainer.gradient_clip_val (e.g. 1.0), or use on_nonfinite=skip"
+        )
+
+    def _problem(self, trainer: L.Trainer, optimizer, losses: torch.Tensor | None) -> str | None:
+        """What is not finite in this step on this rank, in words; None when all is well."""
+        losses_finite = torch.isfinite(losses).all() if losses is not None else torch.tensor(True)
+        norm = None
+        if getattr(trainer.precision_plugin, "scaler", None) is None:
+            grads = [
+                p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+            ]
+            if grads:
+                norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+                )
+        all_finite = losses_finite & torch.isfinite(norm) if norm is not None else losses_finite
+        if bool(all_finite):  # the one host-device sync of a good step
+            return None
+        if not bool(losses_finite):
+            return f"loss is {losses[~torch.isfinite(losses)][0].item()}"
+        loss = f" while the loss ({losses.sum().item():.3g}) is finite" if losses is not None else ""
+        return f"gradient norm is {norm.item()}{loss}"
+
+    def _restore_buffers(self, pl_module) -> None:
+        """Undo what the bad step's forward passes did to batch-norm running statistics."""
+        with torch.no_grad():
+            for name, buffer in pl_module.named_buffers():
+                if name in self._buffers:
+                    buffer.copy_(self._buffers[name])

@@ -1,0 +1,158 @@
+"""Problems a user can fix, reported as one line, and warnings for setups that run but mislead.
+
+``preflight`` catches what the config alone shows, before torch loads. What shows only afterwards
+(no such GPU, a file that is not a checkpoint, weights of another model, a non-finite loss, out of
+memory) is raised as a ``LitlabError`` inside ``one_line_errors()``. In a single run that prints
+``litlab: error: <sentence>`` as the last line of stderr and exits: Hydra would print its
+"Set the environment variable HYDRA_FULL_ERROR=1" hint after any error, even a compact one. With
+``HYDRA_FULL_ERROR=1`` the error is raised on, traceback and all. In a multirun, where a job failure
+must stay a failed job and not end the sweep, it is raised on to Hydra, which prints a
+``CompactHydraException`` without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from litlab.schema import ConfigError
+
+log = logging.getLogger("litlab")
+
+
+class LitlabError(CompactHydraException):
+    """A problem the user can fix; ``reason`` is one sentence naming the value and what to do."""
+
+    exit_code = 2  # bad input, as preflight's; failures during training use 1
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:  # the same form as preflight's lines
+        return f"litlab: error: {self.reason}"
+
+
+def failure_reason(error: BaseException) -> str:
+    """The text summary.json records for a failed run."""
+    if isinstance(error, LitlabError):
+        return error.reason
+    return f"{type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turns errors that mean "change the config" (litlab's ConfigError, Lightning's
+    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        try:
+            yield
+        except (ConfigError, MisconfigurationException) as error:
+            raise LitlabError(" ".join(str(error).split())) from error  # Lightning's span lines
+    except LitlabError as error:
+        log.error(error.reason)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        sys.stderr.write(f"{error}\n")  # the last line of stderr, like preflight's
+        sys.exit(error.exit_code)
+
+
+def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:
+    """A LitlabError when ``node.accelerator``/``node.devices`` ask for more GPUs than this machine
+    has (Lightning's own message for that is "No supported gpu backend found!")."""
+    import torch
+
+    accelerator, devices = str(node.accelerator), node.devices
+    if accelerator not in ("gpu", "cuda") or devices == "auto":
+        return
+    available = torch.cuda.device_count()
+    if isinstance(devices, int) or (isinstance(devices, str) and devices.strip().isdigit()):
+        wanted = int(devices)
+        too_many = wanted > available
+    else:  # device indices, as a list or "0,1"
+        indices = [
+            int(d) for d in (devices.split(",") if isinstance(devices, str) else devices) if str(d).strip()
+        ]
+        wanted, too_many = len(indices), any(i >= available for i in indices)
+    if too_many:
+        allowed = f"use {prefix}devices=1 to {available}" if available else f"use {prefix}accelerator=cpu"
+        raise LitlabError(
+            f"{prefix}accelerator={accelerator} {prefix}devices={devices} asks for {wanted} GPU(s) but "
+            f"this machine has {available}: {allowed}"
+        )
+
+
+def warn_about_setup(cfg: DictConfig, world_size: int) -> None:
+    """Warnings for configs that run but are probably not what was meant."""
+    if cfg.strategy.name in ("ddp", "ddp_spawn", "fsdp") and world_size == 1:
+        log.warning(
+            "strategy=%s with trainer.devices=%s and trainer.num_nodes=%s runs one process: %s adds "
+            "only overhead; use trainer.devices=N for N ranks, or strategy=auto",
+            cfg.strategy.name,
+            cfg.trainer.devices,
+            cfg.trainer.num_nodes,
+            cfg.strategy.name,
+        )
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def read_run_checkpoint(url: str) -> dict[str, Any]:
+    """A litlab checkpoint's contents; a LitlabError if the file is not one."""
+    import pickle
+
+    from litlab.storage import read_checkpoint
+
+    try:
+        checkpoint = read_checkpoint(url)
+    except FileNotFoundError as error:
+        raise LitlabError(f"ckpt_path={url} does not exist") from error
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as error:
+        raise LitlabError(
+            f"ckpt_path={url} is not a readable checkpoint ({_first_line(error)}): pass a .ckpt file "
+            "that litlab-train wrote, e.g. <run dir>/checkpoints/last.ckpt"
+        ) from error
+    config = checkpoint.get("hyper_parameters", {}).get("config") if isinstance(checkpoint, dict) else None
+    if not config or "state_dict" not in checkpoint:
+        raise LitlabError(
+            f"ckpt_path={url} was not written by litlab-train (it holds no run config under "
+            "hyper_parameters.config): pass a .ckpt file from a litlab run's checkpoints/ folder"
+        )
+    return checkpoint
+
+
+def load_weights(module: Any, checkpoint: dict[str, Any], url: str) -> None:
+    """Load the checkpoint's weights into ``module``, strictly; a LitlabError when they do not fit."""
+    try:
+        module.load_state_dict(checkpoint["state_dict"], strict=True)
+    except RuntimeError as error:
+        expected, found = set(module.state_dict()), set(checkpoint["state_dict"])
+        missing, unexpected = sorted(expected - found), sorted(found - expected)
+        detail = (
+            f"{len(missing)} missing keys ({', '.join(missing[:3])}...), {len(unexpected)} unexpected "
+            f"({', '.join(unexpected[:3])}...)"
+            if missing or unexpected
+            else "tensor shapes differ"
+        )
+        model = checkpoint["hyper_parameters"]["config"].get("model", {}).get("name")
+        raise LitlabError(
+            f"ckpt_path={url} holds weights that do not fit model={model}, the model its config names "
+            f"({detail}): they come from another model, or from an older version of its network code"
+        ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

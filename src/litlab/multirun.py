@@ -1,0 +1,220 @@
+"""Sweep jobs: a failing job becomes a failed row of the report, and DDP jobs get their own process.
+
+Multirun x DDP. Lightning's subprocess launcher starts ranks 1..N-1 by re-running ``sys.argv``. In a
+multirun that still holds ``-m`` and the sweep, so every rank would start a sweep of its own (and,
+with Optuna, sample its own parameters). litlab therefore runs such a job as ONE single-run child
+process, ``python -m litlab.train <the job's overrides> hydra.run.dir=<job dir> hydra.mode=RUN``,
+which launches its ranks exactly as a plain single run does, and reads the child's summary.json.
+Why this approach: it depends on no Lightning internals (only on the documented fact that ranks
+re-run the command line), it works the same under every launcher (basic, joblib) and sweeper
+(basic, Optuna: the parameters are sampled once, in the sweep process, and reach every rank as
+plain overrides), and a crash of the job's process cannot take the sweep down. The alternatives
+(``ddp_spawn``, patching the launcher's command) need picklable everything or track Lightning's
+private code. Jobs whose ranks the cluster starts (Slurm tasks, torchrun) run in-process as before.
+
+Failure isolation. Hydra's basic sweeper raises the first failed job's exception after the batch,
+and Optuna's gives up above ``max_failure_rate``; either skips the end-of-sweep report. A sweep job
+therefore records its failure (summary.json with ``status: failed`` and the error), frees what it
+held, and returns None; the report callback (``litlab.compare.SweepReport``) then makes the
+multirun exit non-zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from litlab.logs import global_rank
+from litlab.schema import ConfigError, batch_sizes, check, device_count
+
+log = logging.getLogger(__name__)
+
+# Set for the single-run child of a sweep job (and inherited by its ranks): the job's sweep
+# directory and number, as JSON, for summary.json and for recording the job's failure.
+SWEEP_JOB_ENV = "LITLAB_SWEEP_JOB"
+
+# Hydra overrides that belong to the sweep, not to the job: the child is a plain single run.
+_SWEEP_ONLY = ("hydra.mode", "hydra.run", "hydra.sweep", "hydra.sweeper", "hydra.launcher", "hydra.job.num")
+_SWEEP_ONLY_GROUPS = ("hydra/sweeper", "hydra/launcher")
+
+
+class ChildFailed(RuntimeError):
+    """The single-run child of a sweep job exited non-zero (its summary.json, if any, says why)."""
+
+
+def sweep_job() -> dict[str, Any] | None:
+    """The sweep directory and job number of this process's run, or None outside a multirun."""
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        return {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
+    inherited = os.environ.get(SWEEP_JOB_ENV)
+    return json.loads(inherited) if inherited else None
+
+
+def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) -> float | None:
+    """Run one multirun job with ``fit``: in this process, or in a single-run child when Lightning
+    would launch the job's DDP ranks. A failure is recorded in summary.json and returns None."""
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    is_child = HydraConfig.get().mode != RunMode.MULTIRUN
+    try:
+        check(cfg)  # a bad value fails here, in milliseconds, before torch loads or a child starts
+        if not is_child and lightning_launches_ranks(cfg):
+            return run_in_child_process(cfg, job_dir)
+        return fit(cfg)
+    except Exception as error:
+        record_failure(cfg, job_dir, f"{type(error).__name__}: {error}")
+        if is_child:
+            raise  # the child's exit status tells the sweep job; its summary.json says why
+        traceback = not isinstance(error, (ConfigError, ChildFailed))  # those say all in one line
+        log.error("job %s failed; the sweep goes on: %s", sweep_job()["job_num"], error, exc_info=traceback)
+    # Outside the except block: the traceback no longer holds the failed run's model and tensors.
+    _release_memory()
+    return None
+
+
+def lightning_launches_ranks(cfg: DictConfig) -> bool:
+    """Whether Lightning's subprocess launcher would start this run's ranks (re-running the command).
+
+    True for ``ddp`` (start_method popen), ``fsdp``, and ``auto`` (Lightning picks ddp) with more
+    than one process per node, unless the cluster starts every rank itself. Unsure ("auto" devices
+    on a GPU) counts as yes: a single run in a child process is always correct, just one start more.
+    """
+    strategy = cfg.strategy
+    if strategy.get("start_method", "popen") != "popen":
+        return False  # ddp_spawn: torch.multiprocessing starts the ranks; the command is not re-run
+    processes = device_count(cfg.trainer.devices)
+    # "auto" or -1: one process on a CPU, one per GPU otherwise (unknown here: assume several).
+    several = processes > 1 if processes is not None else cfg.trainer.accelerator != "cpu"
+    return several and not _cluster_starts_ranks()
+
+
+def _cluster_starts_ranks() -> bool:
+    # The environment variables Lightning's cluster environments detect (torchrun, Slurm's srun,
+    # LSF's jsrun, LOCAL_RANK set by hand), and submitit's local tasks; read here because importing
+    # Lightning costs ~8 s in a process that would only wait for its child.
+    env = os.environ
+    if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
+        return True
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return True
+    if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:  # submitit's local executor: one task per rank
+        return True
+    return {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK"} <= env.keys()
+
+
+def child_command(job_dir: Path) -> list[str]:
+    """The single-run command of the current sweep job: its overrides, its directory, RUN mode."""
+    hydra = HydraConfig.get()
+    kept_hydra = [
+        o
+        for o in hydra.overrides.hydra
+        if not o.lstrip("+~").startswith(_SWEEP_ONLY) and not o.startswith(_SWEEP_ONLY_GROUPS)
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "litlab.train",
+        *hydra.overrides.task,
+        *kept_hydra,
+        f'hydra.run.dir="{job_dir}"',
+        "hydra.mode=RUN",  # a sweep file sets MULTIRUN; this one process is a single run
+        "hydra.output_subdir=null",  # the job's .hydra/ (written by the sweep) stays as it is
+    ]
+
+
+def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
+    """Run the job as one single-run child process and return its ``optimized_metric``."""
+    command = child_command(job_dir)
+    env = {**os.environ, SWEEP_JOB_ENV: json.dumps(sweep_job())}
+    log.info(
+        "job %s: its ranks need their own launch; running it as a single run: %s",
+        sweep_job()["job_num"],
+        " ".join(command[1:]),
+    )
+    returncode = subprocess.run(command, env=env, cwd=HydraConfig.get().runtime.cwd, check=False).returncode
+    if returncode != 0:
+        raise ChildFailed(f"the job's process {_describe_exit(returncode)}")
+    summary = json.loads((job_dir / "summary.json").read_text())
+    return summary["metrics"].get(cfg.optimized_metric)
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {returncode}"
+
+
+def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
+    """Make sure the job's summary.json says it failed and why (rank 0 writes it).
+
+    A run that failed while training already wrote a full summary (``Run.recording_failure``); one
+    that failed before its Trainer existed (a bad value, a global batch that does not divide) gets
+    the fields its config knows.
+    """
+    if global_rank() != 0:
+        return
+    path = job_dir / "summary.json"
+    existing = json.loads(path.read_text()) if path.is_file() else None
+    if existing is not None and existing.get("status") == "failed":
+        return  # written where the run failed, with the most precise error
+    # A child that wrote a completed summary and then exited non-zero keeps its figures.
+    summary = (
+        {**existing, "status": "failed", "error": error} if existing else _failed_summary(cfg, job_dir, error)
+    )
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def _failed_summary(cfg: DictConfig, job_dir: Path, error: str) -> dict[str, Any]:
+    hydra = HydraConfig.get()
+    try:
+        sizes = batch_sizes(cfg.data, cfg.trainer)
+    except ConfigError:
+        sizes = None
+    devices = device_count(cfg.trainer.devices)
+    return {
+        "status": "failed",
+        "error": error,
+        "experiment_name": cfg.experiment_name,
+        "run_name": cfg.run_name,
+        "run_dir": str(job_dir),
+        "groups": {k: v for k, v in hydra.runtime.choices.items() if not k.startswith(("hydra", "schema"))},
+        "overrides": list(hydra.overrides.task),
+        "precision": {"requested": cfg.precision.value, "effective": None},
+        "accelerator": cfg.trainer.accelerator,
+        "strategy": cfg.strategy.name,
+        "devices": devices,
+        "num_nodes": cfg.trainer.num_nodes,
+        "world_size": devices * cfg.trainer.num_nodes if devices else None,
+        "micro_batch_size": sizes.micro if sizes else None,
+        "accumulate_grad_batches": cfg.trainer.accumulate_grad_batches,
+        "effective_batch_size": sizes.effective if sizes else None,
+        "global_batch_size": cfg.data.global_batch_size,
+        "metrics": {},
+        "throughput": {},
+        "memory": None,
+        "finished_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "sweep": sweep_job(),
+    }
+
+
+def _release_memory() -> None:
+    """Give back what a failed in-process job held, so an out-of-memory job does not starve the next."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,100 @@
+"""Out of memory: auto_shrink finds a micro-batch that fits and keeps the effective batch; without
+it the message says what would help; the batch-size finder picks the largest batch that fits.
+
+Memory runs out on purpose, on CPU: ``tests.faults.MLPOutOfMemoryAbove32`` raises CUDA's
+out-of-memory error for batches of more than 32 samples.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO, TINY, litlab, ok, run_dirs, summary
+
+OUT_OF_MEMORY_ABOVE_32 = ["model=mlp", "model.net._target_=tests.faults.MLPOutOfMemoryAbove32"]
+# Training subprocesses import tests.faults from the repository.
+ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
+def test_auto_shrink_halves_the_micro_batch_until_it_fits_and_keeps_the_effective_batch(log_dir):
+    result = ok(
+        litlab(
+            "litlab-train", *OUT_OF_MEMORY_ABOVE_32, "oom=auto_shrink", "data.batch_size=128", *TINY, env=ENV
+        )
+    )
+    (run,) = run_dirs(log_dir)
+    outcome = summary(run)
+    assert outcome["status"] == "completed"
+    assert (outcome["micro_batch_size"], outcome["accumulate_grad_batches"]) == (32, 4)
+    assert outcome["effective_batch_size"] == 128
+    assert outcome["oom"]["tried_micro_batch_sizes"] == [128, 64, 32] and outcome["oom"]["shrinks"] == 2
+    # limit_train_batches=4 at 128 is 4 optimizer steps; doubled twice with the halvings, it still is.
+    assert outcome["global_step"] == 4
+    assert "micro-batch 32 x accumulation 4 fits (effective batch 128)" in result.stdout
+    (config,) = (log_dir / "storage").glob("*/config.yaml")  # the run's stored config says what ran
+    assert OmegaConf.load(config).data.batch_size == 32
+
+
+def test_out_of_memory_without_auto_shrink_says_what_would_help(log_dir):
+    result = litlab("litlab-train", *OUT_OF_MEMORY_ABOVE_32, "data.batch_size=128", *TINY, env=ENV)
+    assert result.returncode == 1
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("litlab: error: out of memory at global step 0 with micro-batch 128")
+    for advice in (
+        "data.batch_size=64",
+        "trainer.accumulate_grad_batches=2",
+        "precision=bf16",
+        "oom=auto_shrink",
+    ):
+        assert advice in last_line
+    assert "Traceback" not in result.stderr
+    (run,) = run_dirs(log_dir)
+    assert summary(run)["status"] == "failed" and summary(run)["error"] in last_line
+
+
+def test_advice_names_only_what_would_help():
+    from litlab.oom import advice
+    from litlab.schema import BatchSizes
+
+    def words(micro: int, precision: str = "32-true", global_batch: int | None = None, action: str = "fail"):
+        cfg = OmegaConf.create(
+            {
+                "data": {"global_batch_size": global_batch},
+                "precision": {"value": precision},
+                "oom": {"action": action},
+            }
+        )
+        sizes = BatchSizes(micro=micro, accumulation=2, world_size=1, effective=micro * 2)
+        error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return advice(cfg, type("Run", (), {"batch_sizes": sizes})(), 3, error, "")
+
+    full = words(64)
+    assert "data.batch_size=32 trainer.accumulate_grad_batches=4" in full and "precision=bf16" in full
+    assert "precision=" not in words(64, precision="bf16-mixed")  # already 16-bit
+    assert "data.batch_size" not in words(1) and "oom=auto_shrink" not in words(1)  # cannot shrink
+    assert "data.global_batch_size stays 128" in words(64, global_batch=128)
+    assert "oom=auto_shrink" not in words(64, action="auto_shrink")
+    assert "a GPU with more memory" in words(1, precision="bf16-mixed")
+
+
+def test_batch_size_finder_picks_the_largest_batch_that_fits_and_trains_with_it(log_dir):
+    result = ok(
+        litlab(
+            "litlab-train",
+            *OUT_OF_MEMORY_ABOVE_32,
+            "tune.batch_size=true",
+            "tune.init_val=4",
+            "tune.steps_per_trial=1",
+            *TINY,
+            env=ENV,
+        )
+    )
+    (run,) = run_dirs(log_dir)
+    outcome = summary(run)
+    assert outcome["status"] == "completed"
+    assert outcome["tune"] == {"batch_size": 32, "initial_batch_size": 64, "mode": "power"}
+    assert outcome["micro_batch_size"] == 32 and outcome["effective_batch_size"] == 32
+    assert "picked data.batch_size=32" in result.stdout
+    assert not list(run.glob(".scale_batch_size_*"))  # the finder's temporary checkpoint is gone
