@@ -188,6 +188,18 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_next_run_resumes_from_
     assert not preempted.exists(), "a run that finished removes its stale preemption checkpoint"
 
 
+def test_sigterm_after_an_epochs_last_batch_resumes_at_the_next_epochs_first_batch(uninterrupted, tmp_path):
+    # Preempted at the epoch boundary (the epoch's last batch is done, its validation or checkpoint is
+    # not). With limit_train_batches the saved loader position (10 of 40 batches) is not at the
+    # loader's end, and once resumed into the next epoch it skipped that epoch's first 10 batches.
+    log_dir = tmp_path / "logs"
+    status, _ = interrupt_at(BATCHES, signal.SIGTERM, env_for(log_dir))
+    assert status == 128 + signal.SIGTERM
+    result = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
+    resumed_from(result.stdout)
+    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)), "epoch boundary")
+
+
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_valid_one(uninterrupted, tmp_path):
     # Killed in the last epoch, so older checkpoints (the best of an earlier epoch) exist too.
     log_dir, step = tmp_path / "logs", random_step(low=BATCHES + 1)

@@ -162,7 +162,10 @@ def finish(
     )
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
-            logger.log_hyperparams(_flat_choices(summary), metrics=summary["metrics"])
+            # Under their own names: Lightning writes these at step 0, which under the metrics' own
+            # names put a point with the final value at the start of every val/ and test/ curve.
+            final = {f"final/{name}": value for name, value in summary["metrics"].items()}
+            logger.log_hyperparams(_flat_choices(summary), metrics=final)
     value = summary["metrics"].get(cfg.optimized_metric)
     log.info("%s = %s; summary: %s", cfg.optimized_metric, value, run.dir / "summary.json")
     return value

@@ -55,6 +55,12 @@ class TensorBatches:
         self.batch_sampler = None  # read by Lightning's DataLoader checks
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            # A restored position belongs to the epoch it was saved in. A checkpoint taken after that
+            # epoch's last batch (e.g. preempted during its validation) resumes into the next epoch,
+            # which starts at its first batch; with trainer.limit_train_batches the saved position
+            # can be short of len(self), so load_state_dict alone cannot tell.
+            self._skip = 0
         self.epoch = epoch
 
     def _shard(self) -> Tensor:
