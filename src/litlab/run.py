@@ -166,6 +166,9 @@ def finish(
             # names put a point with the final value at the start of every val/ and test/ curve.
             final = {f"final/{name}": value for name, value in summary["metrics"].items()}
             logger.log_hyperparams(_flat_choices(summary), metrics=final)
+            # Fit and test have already closed the writer; this reopened it, and an unflushed event
+            # file can lose these at exit (seen as a missing final point in TensorBoard).
+            logger.finalize("success")
     value = summary["metrics"].get(cfg.optimized_metric)
     log.info("%s = %s; summary: %s", cfg.optimized_metric, value, run.dir / "summary.json")
     return value
