@@ -6,13 +6,12 @@ loaded with torch's safe ``weights_only=True``. Writes ``eval.json`` in its own 
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from litlab import preflight, schema
+from litlab import garbage_collection, preflight, schema
 
 schema.register()
 
@@ -68,7 +67,7 @@ def main() -> None:
     try:
         evaluate()
     finally:
-        gc.freeze()  # a faster exit, as in litlab.train.main (2-5 s of shutdown GC, measured)
+        garbage_collection.skip_collection_at_exit()
 
 
 if __name__ == "__main__":

@@ -6,15 +6,12 @@ litlab-train -m precision=fp32,bf16 trainer.accumulate_grad_batches=1,4
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
-from collections.abc import Iterator
 
 import hydra
 from omegaconf import DictConfig
 
-from litlab import multirun, preflight, schema
+from litlab import garbage_collection, multirun, preflight, schema
 
 schema.register()
 
@@ -40,25 +37,10 @@ def train_run(cfg: DictConfig) -> float | None:
         run = prepare_run(cfg)  # seed, identity, storage, resume decision
         if run.completed:  # the same command after the run finished: nothing left to train
             return run.stored_metric(cfg.optimized_metric)
-        with imported_objects_frozen():
+        with garbage_collection.existing_objects_frozen():  # no full-collection pauses while training
             trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
         with run.recording_failure(cfg, trainer):
             return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
-
-
-@contextlib.contextmanager
-def imported_objects_frozen() -> Iterator[None]:
-    """Hides what exists now (mostly the ~500k objects torch and Lightning create on import) from
-    Python's cyclic garbage collector while training: a full collection walks all of them, a
-    0.3 s pause every few hundred steps of a small model (measured: one in 600 mlp steps on digits,
-    a tenth of its training time), and under DDP the other ranks wait in the next all-reduce.
-    Unfrozen afterwards, so that the next job of an in-process sweep can collect this one's garbage.
-    """
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def main() -> None:
@@ -67,9 +49,7 @@ def main() -> None:
     try:
         train()
     finally:
-        # Interpreter shutdown garbage-collects the millions of objects torch and Lightning import:
-        # 2-5 s per process on 2 cores (measured). Frozen objects are skipped: exit takes < 1 s.
-        gc.freeze()
+        garbage_collection.skip_collection_at_exit()
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ class NonFiniteLossGuard(Callback):
         if not trainer.strategy.reduce_boolean_decision(problem is not None, all=False):
             return
         problem = problem or "loss or gradient of another rank is not finite"
-        self._restore_buffers(pl_module)
+        self._restore_buffers()
         step = trainer.global_step
         where = f"global step {step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if self.action == "skip":
@@ -115,7 +115,7 @@ class NonFiniteLossGuard(Callback):
         loss = f" while the loss ({losses.sum().item():.3g}) is finite" if losses is not None else ""
         return f"gradient norm is {norm.item()}{loss}"
 
-    def _restore_buffers(self, pl_module) -> None:
+    def _restore_buffers(self) -> None:
         """Undo what the bad step's forward passes did to batch-norm running statistics."""
         if self._buffers:
             with torch.no_grad():

@@ -1,0 +1,30 @@
+"""When Python's cyclic garbage collector may walk the objects torch and Lightning create on import.
+
+Importing them leaves ~500k long-lived objects. A full collection walks all of them: a 0.3 s pause
+every few hundred steps of a small model during training, and 2-5 s at interpreter shutdown, on a
+2-core CPU (measured). Frozen objects are skipped. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def existing_objects_frozen() -> Iterator[None]:
+    """Hides what exists now from the collector while the block runs (training: one full
+    collection in 600 mlp steps on digits cost a tenth of its training time, and under DDP the other
+    ranks wait for it in the next all-reduce). Unfrozen afterwards, so that the next job of an
+    in-process sweep can collect this one's garbage."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def skip_collection_at_exit() -> None:
+    """Called last by a console script: the exit then takes < 1 s instead of collecting everything."""
+    gc.freeze()
