@@ -7,10 +7,12 @@ Import it from ``conftest.py``::
 (or ``from slurm_cluster import slurm_cluster`` when ``tests/`` is on sys.path).
 
 The session-scoped ``slurm_cluster`` fixture runs ``scripts/slurm/up.sh`` (which
-installs Slurm, munge and MariaDB with apt-get the first time) and yields a
-:class:`SlurmCluster`. At the end of the session it runs ``scripts/slurm/down.sh``,
-unless the cluster was already fully up before the session (then it is left
-running for whoever started it).
+installs Slurm, munge and MariaDB with apt-get the first time) with a lease for
+this pytest process, and yields a :class:`SlurmCluster`. At the end of the session
+``scripts/slurm/down.sh --release`` gives the lease back; the daemons stop only if
+nobody else holds one. So test sessions that run at the same time on one machine
+(two checkouts, CI beside a developer) share one cluster instead of stopping each
+other's, and a cluster someone started by hand with ``up.sh`` stays up.
 
 The test is skipped only when the machine cannot host the cluster at all (not
 root, or neither Slurm nor apt-get available); any other failure to start is an
@@ -35,8 +37,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts" / "slurm"
 DEFAULT_DIR = "/tmp/litlab-slurm"
-# First start installs packages (about a minute); later starts take seconds.
-UP_TIMEOUT_S = 480
+# First start installs packages (about a minute); later starts take seconds. up.sh may first wait
+# (up to 600 s, LITLAB_SLURM_LOCK_TIMEOUT) for another session's up.sh or down.sh to finish.
+UP_TIMEOUT_S = 900
 DOWN_TIMEOUT_S = 180
 
 
@@ -61,6 +64,10 @@ class SlurmCluster:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         return subprocess.run(list(cmd), env=self.env, timeout=timeout, check=False, **kwargs)
+
+    def script(self, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run scripts/slurm/<name> (up.sh, down.sh) on this cluster's folder."""
+        return _script(name, self.dir, *args, timeout=timeout)
 
 
 def _skip_reason() -> str | None:
@@ -100,14 +107,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         pytest.skip(reason)
 
     scratch = Path(os.environ.get("LITLAB_SLURM_DIR", DEFAULT_DIR))
-    # A cluster someone already brought up is reused and left running.
-    already_up = _script("up.sh", scratch, "--status", timeout=30).returncode == 0
-
-    up = _script("up.sh", scratch, timeout=UP_TIMEOUT_S)
+    lease = session_lease()
+    up = _script("up.sh", scratch, "--lease", lease, "--pid", str(os.getpid()), timeout=UP_TIMEOUT_S)
     if up.returncode != 0:
-        # Do not leave half a cluster behind.
-        if not already_up:
-            _script("down.sh", scratch, timeout=DOWN_TIMEOUT_S)
+        # Do not leave half a cluster behind (unless another session holds it).
+        _script("down.sh", scratch, "--release", lease, timeout=DOWN_TIMEOUT_S)
         raise RuntimeError(
             f"scripts/slurm/up.sh failed (exit {up.returncode}):\n{_tail(up.stdout)}\n{_tail(up.stderr)}"
         )
@@ -124,10 +128,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     try:
         yield cluster
     finally:
-        if not already_up:
-            down = _script("down.sh", scratch, timeout=DOWN_TIMEOUT_S)
-            if down.returncode != 0:
-                raise RuntimeError(
-                    f"scripts/slurm/down.sh failed (exit {down.returncode}):\n"
-                    f"{_tail(down.stdout)}\n{_tail(down.stderr)}"
-                )
+        down = _script("down.sh", scratch, "--release", lease, timeout=DOWN_TIMEOUT_S)
+        if down.returncode != 0:
+            raise RuntimeError(
+                f"scripts/slurm/down.sh failed (exit {down.returncode}):\n"
+                f"{_tail(down.stdout)}\n{_tail(down.stderr)}"
+            )
+
+
+def session_lease() -> str:
+    """The name of this pytest process's lease on the cluster."""
+    return f"pytest-{os.getpid()}"

@@ -4,14 +4,16 @@ and works with submitit the way hydra-submitit-launcher uses it."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest's default rootdir mode)
-    from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401
+    from tests.slurm_cluster import SlurmCluster, session_lease, slurm_cluster  # noqa: F401
 except ImportError:  # pragma: no cover - depends on how pytest imports tests/
-    from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401
+    from slurm_cluster import SlurmCluster, session_lease, slurm_cluster  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -129,3 +131,51 @@ def test_submitit_killed_task_raises_instead_of_hanging(slurm_cluster: SlurmClus
     with pytest.raises(UncompletedJobError):
         job.result()
     assert _wait_submitit_state(job, "FAILED") == "FAILED"
+
+
+def _status(cluster: SlurmCluster) -> subprocess.CompletedProcess:
+    return cluster.script("up.sh", "--status", timeout=30)
+
+
+def test_sessions_share_the_cluster_and_only_the_last_lease_stops_it(slurm_cluster: SlurmCluster):
+    """Two test sessions at once on one machine (CI beside a developer) must not stop each other's
+    cluster: up.sh calls take turns, and down.sh --release stops nothing while a lease is held."""
+    ours = session_lease()
+    # Named after this session: another session may run this test at the same time.
+    first, second = f"{ours}-other-a", f"{ours}-other-b"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            ups = list(
+                pool.map(
+                    lambda name: slurm_cluster.script("up.sh", "--lease", name, "--pid", str(holder.pid)),
+                    [first, second],
+                )
+            )
+        assert [up.returncode for up in ups] == [0, 0], [up.stderr for up in ups]
+        status = _status(slurm_cluster)
+        for lease in (first, second, ours):
+            assert f"lease {lease}: held" in status.stdout, status.stdout
+
+        released = slurm_cluster.script("down.sh", "--release", first)
+        assert released.returncode == 0, released.stderr
+        assert "stays up for" in released.stderr, released.stderr
+        assert _status(slurm_cluster).returncode == 0, "releasing one lease stopped a cluster still leased"
+
+        # A lease whose process died holds nothing: the next release drops it.
+        holder.kill()
+        holder.wait()
+        # (Another session's release may already have dropped it.)
+        assert f"lease {second}: held" not in _status(slurm_cluster).stdout
+        released = slurm_cluster.script("down.sh", "--release", first)
+        assert released.returncode == 0, released.stderr
+        still_holding = released.stderr.split("the cluster stays up for:")[-1].split()
+        assert ours in still_holding and second not in still_holding, released.stderr
+        assert not (slurm_cluster.dir / "leases" / second).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    job = slurm_cluster.run(
+        "sbatch", "--wait", "--time=1", "--output=/dev/null", "--wrap", "true", timeout=JOB_TIMEOUT_S
+    )
+    assert job.returncode == 0, f"the cluster no longer runs jobs: {job.stdout}{job.stderr}"

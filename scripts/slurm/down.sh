@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stop the private Slurm cluster that scripts/slurm/up.sh started.
 #
-#   scripts/slurm/down.sh           # stop every daemon, keep $LITLAB_SLURM_DIR
-#   scripts/slurm/down.sh --purge   # ... and delete $LITLAB_SLURM_DIR
+#   scripts/slurm/down.sh                 # stop every daemon, whoever holds a lease; keep $LITLAB_SLURM_DIR
+#   scripts/slurm/down.sh --purge         # ... and delete $LITLAB_SLURM_DIR
+#   scripts/slurm/down.sh --release NAME  # give back lease NAME; stop only if no other lease is held
 #
 # Only processes recorded in $LITLAB_SLURM_DIR/run/*.pid are signalled (and
 # only if the pid still belongs to the daemon of that name), so a system Slurm
@@ -10,40 +11,39 @@
 # up. Keeping the folder makes the next up.sh faster (database already made).
 set -euo pipefail
 
-DIR="${LITLAB_SLURM_DIR:-/tmp/litlab-slurm}"
-RUN="$DIR/run"
+# shellcheck source=scripts/slurm/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STOP_TIMEOUT="${LITLAB_SLURM_STOP_TIMEOUT:-30}"
 export SLURM_CONF="$DIR/etc/slurm.conf"
-export PATH="$PATH:/usr/sbin:/sbin"
 
-log() { echo "litlab-slurm: $*" >&2; }
-
-purge=0
+USAGE="usage: down.sh [--purge | --release NAME]"
+purge=0 release=""
 case "${1:-}" in
 "") ;;
 --purge) purge=1 ;;
-*) echo "usage: down.sh [--purge]" >&2; exit 2 ;;
+--release)
+    release="${2:-}"
+    [[ "$release" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "invalid lease name: '$release' ($USAGE)" >&2; exit 2; }
+    ;;
+*) echo "$USAGE" >&2; exit 2 ;;
 esac
 
-# pid_of NAME: print the pid in $RUN/NAME.pid if it is a live NAME process.
-pid_of() {
-    local name="$1" pid comm
-    [[ -s "$RUN/$name.pid" ]] || return 1
-    pid="$(tr -dc '0-9' <"$RUN/$name.pid")"
-    [[ -n "$pid" ]] && alive "$pid" || return 1
-    comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
-    [[ "$comm" == "$name" ]] || return 1
-    echo "$pid"
-}
+take_lock
 
-# alive PID: the process exists and is not a zombie. Our daemons are not our
-# children, and PID 1 here may take a while to reap them; a zombie has exited.
-alive() {
-    local state
-    kill -0 "$1" 2>/dev/null || return 1
-    state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
+if [[ -n "$release" ]]; then
+    rm -f "$LEASES/$release"
+    # A holder that died without giving its lease back (a killed test session) holds nothing.
+    held=()
+    for f in "$LEASES"/*; do
+        [[ -e "$f" ]] || continue
+        if lease_held "$f"; then held+=("${f##*/}"); else rm -f "$f"; fi
+    done
+    if ((${#held[@]})); then
+        log "released lease $release; the cluster stays up for: ${held[*]}"
+        exit 0
+    fi
+fi
+rm -rf "$LEASES"
 
 # stop NAME: SIGTERM, wait up to $STOP_TIMEOUT s for the exit, then SIGKILL.
 stop() {

@@ -2,8 +2,14 @@
 # Bring up a private, single-node Slurm cluster (with job accounting) on this
 # machine, for tests of hydra-submitit-launcher / submitit jobs.
 #
-#   scripts/slurm/up.sh            # start whatever is not running yet (idempotent)
-#   scripts/slurm/up.sh --status   # exit 0 if every daemon runs, 1 if some, 3 if none
+#   scripts/slurm/up.sh                        # start whatever is not running yet (idempotent)
+#   scripts/slurm/up.sh --lease NAME [--pid P]  # ... and hold the cluster for process P (default: the caller)
+#   scripts/slurm/up.sh --status               # exit 0 if every daemon runs, 1 if some, 3 if none
+#
+# Several users may share the cluster at once (two test sessions on one machine, say): up.sh and
+# down.sh take turns through a lock file, so two starts never race for the same daemon, and each
+# user holds a lease that down.sh --release gives back; the daemons stop only with the last lease.
+# A plain up.sh holds a lease until a plain down.sh; a lease whose process has died counts for nothing.
 #
 # Everything it writes (configs, state, spool, logs, pid files, the database)
 # lives under $LITLAB_SLURM_DIR (default /tmp/litlab-slurm); nothing under
@@ -21,9 +27,12 @@
 #   LITLAB_SLURM_DB_PORT   private MariaDB port            (3307)
 #   LITLAB_SLURMCTLD_PORT / LITLAB_SLURMD_PORT / LITLAB_SLURMDBD_PORT  (6817/6818/6819)
 #   LITLAB_SLURM_TIMEOUT   seconds to wait for each daemon (60)
+#   LITLAB_SLURM_LOCK_TIMEOUT  seconds to wait while another up.sh/down.sh runs (600: a first
+#                              start installs packages)
 set -euo pipefail
 
-DIR="${LITLAB_SLURM_DIR:-/tmp/litlab-slurm}"
+# shellcheck source=scripts/slurm/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CLUSTER="${LITLAB_SLURM_CLUSTER:-litlab}"
 DB_PORT="${LITLAB_SLURM_DB_PORT:-3307}"
 CTLD_PORT="${LITLAB_SLURMCTLD_PORT:-6817}"
@@ -33,7 +42,6 @@ TIMEOUT="${LITLAB_SLURM_TIMEOUT:-60}"
 PARTITION=debug
 
 ETC="$DIR/etc"
-RUN="$DIR/run"
 LOG="$DIR/log"
 MUNGE_DIR="$DIR/munge"
 MUNGE_SOCKET="$MUNGE_DIR/munge.socket.2"
@@ -45,42 +53,37 @@ SLURM_CONF_PATH="$ETC/slurm.conf"
 # config through SLURM_CONF; slurmdbd reads slurmdbd.conf from the same folder.
 export SLURM_CONF="$SLURM_CONF_PATH"
 
-log() { echo "litlab-slurm: $*" >&2; }
-die() { echo "litlab-slurm: ERROR: $*" >&2; exit 1; }
-
-# --- pid-file helpers (shared in spirit with down.sh) ------------------------
-
-# is_running NAME: true if $RUN/NAME.pid holds the pid of a live process whose
-# command is NAME (guards against a stale pid reused by something else).
-# alive PID: the process exists and is not a zombie (the daemons are not our
-# children, and PID 1 here may be slow to reap them).
-alive() {
-    local state
-    kill -0 "$1" 2>/dev/null || return 1
-    state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
-is_running() {
-    local name="$1" pid comm
-    [[ -s "$RUN/$name.pid" ]] || return 1
-    pid="$(tr -dc '0-9' <"$RUN/$name.pid")"
-    [[ -n "$pid" ]] && alive "$pid" || return 1
-    comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
-    [[ "$comm" == "$name" ]]
-}
-
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+USAGE="usage: up.sh [--status | --lease NAME [--pid PID]]"
 
-if [[ "${1:-}" == "--status" ]]; then
+status=0 lease=manual holder=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --status) status=1 ;;
+    --lease) lease="${2:-}"; shift ;;
+    --pid) holder="${2:-}"; shift ;;
+    *) die "unknown argument: $1 ($USAGE)" ;;
+    esac
+    shift
+done
+[[ "$lease" =~ ^[A-Za-z0-9._-]+$ ]] || die "invalid lease name: '$lease' (letters, digits, . _ -)"
+[[ -z "$holder" || "$holder" =~ ^[0-9]+$ ]] || die "invalid --pid: '$holder' (a process id)"
+# A named lease without --pid belongs to whoever called up.sh.
+[[ "$lease" == manual || -n "$holder" ]] || holder="$PPID"
+
+if ((status)); then
     up=0
     for d in "${DAEMONS[@]}"; do
         if is_running "$d"; then echo "$d: running"; up=$((up + 1)); else echo "$d: stopped"; fi
     done
+    for f in "$LEASES"/*; do
+        [[ -e "$f" ]] || continue
+        if lease_held "$f"; then echo "lease ${f##*/}: held"; else echo "lease ${f##*/}: stale"; fi
+    done
     if ((up == ${#DAEMONS[@]})); then exit 0; elif ((up == 0)); then exit 3; else exit 1; fi
-elif [[ $# -gt 0 ]]; then
-    die "unknown argument: $1 (usage: up.sh [--status])"
 fi
+
+take_lock
 
 # show_log FILE: last lines of a daemon log, to make a failed start explainable.
 show_log() {
@@ -123,11 +126,12 @@ require_free_port() {
 
 # start_daemon NAME LOGFILE CMD...: run CMD in the foreground mode of the
 # daemon, detached (own session, no inherited stdio, so callers such as
-# pytest's subprocess.run do not wait on our pipes), and record its pid.
+# pytest's subprocess.run do not wait on our pipes, and without the lock on
+# fd 9, which it would otherwise hold for as long as it runs), and record its pid.
 start_daemon() {
     local name="$1" logfile="$2"
     shift 2
-    setsid "$@" </dev/null >>"$logfile" 2>&1 &
+    setsid "$@" </dev/null >>"$logfile" 2>&1 9>&- &
     local pid=$! i
     echo "$pid" >"$RUN/$name.pid"
     # Until it has exec'd, the child still shows up as bash/setsid/setpriv;
@@ -189,7 +193,6 @@ if ((need_install)); then
     fi
     if ((added_policy)); then rm -f /usr/sbin/policy-rc.d; fi
 fi
-export PATH="$PATH:/usr/sbin:/sbin"
 
 # --- 2. scratch layout -------------------------------------------------------
 
@@ -199,7 +202,7 @@ if [[ ! -d "$DIR" ]]; then
     mkdir -p "$(dirname "$DIR")"
     mkdir -m 755 "$DIR"
 fi
-mkdir -p "$ETC" "$RUN" "$LOG" "$DIR/state" "$DIR/spool" "$DIR/tmp" "$MUNGE_DIR" "$DB_DIR"
+mkdir -p "$ETC" "$RUN" "$LOG" "$LEASES" "$DIR/state" "$DIR/spool" "$DIR/tmp" "$MUNGE_DIR" "$DB_DIR"
 chmod 1777 "$DIR/tmp"
 # Marks the folder as ours: down.sh --purge deletes only such a folder.
 touch "$DIR/.litlab-slurm"
@@ -411,5 +414,14 @@ node_ready() {
 wait_for "node $NODE_NAME to be idle in sinfo" slurmd "$LOG/slurmd.out" node_ready
 wait_for "sacct to answer" slurmdbd "$LOG/slurmdbd.out" sacct -n -X
 
-log "cluster '$CLUSTER' is up (node $NODE_NAME, partition $PARTITION, scratch $DIR)"
+# The lease: the holder's pid and start time (a pid alone may be reused), or nothing for a
+# plain up.sh, whose lease only a plain down.sh ends.
+if [[ -n "$holder" ]]; then
+    alive "$holder" || die "--pid $holder: no such process"
+    echo "$holder $(start_time "$holder")" >"$LEASES/$lease"
+else
+    : >"$LEASES/$lease"
+fi
+
+log "cluster '$CLUSTER' is up (node $NODE_NAME, partition $PARTITION, scratch $DIR, lease $lease)"
 echo "export SLURM_CONF=$SLURM_CONF_PATH"
