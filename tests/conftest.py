@@ -15,6 +15,8 @@ from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# For litlab subprocesses that train a network from tests.faults: they import it from the repository.
+FAULTS_IMPORTABLE = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 # Tiny settings: a few batches of the digits, so a Lightning process costs its imports and little more.
 TINY = [

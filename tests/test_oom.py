@@ -7,21 +7,22 @@ out-of-memory error for batches of more than 32 samples.
 
 from __future__ import annotations
 
-import os
-
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, TINY, litlab, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, summary
 
 OUT_OF_MEMORY_ABOVE_32 = ["model=mlp", "model.net._target_=tests.faults.MLPOutOfMemoryAbove32"]
-# Training subprocesses import tests.faults from the repository.
-ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 
 def test_auto_shrink_halves_the_micro_batch_until_it_fits_and_keeps_the_effective_batch(log_dir):
     result = ok(
         litlab(
-            "litlab-train", *OUT_OF_MEMORY_ABOVE_32, "oom=auto_shrink", "data.batch_size=128", *TINY, env=ENV
+            "litlab-train",
+            *OUT_OF_MEMORY_ABOVE_32,
+            "oom=auto_shrink",
+            "data.batch_size=128",
+            *TINY,
+            env=FAULTS_IMPORTABLE,
         )
     )
     (run,) = run_dirs(log_dir)
@@ -38,7 +39,9 @@ def test_auto_shrink_halves_the_micro_batch_until_it_fits_and_keeps_the_effectiv
 
 
 def test_out_of_memory_without_auto_shrink_says_what_would_help(log_dir):
-    result = litlab("litlab-train", *OUT_OF_MEMORY_ABOVE_32, "data.batch_size=128", *TINY, env=ENV)
+    result = litlab(
+        "litlab-train", *OUT_OF_MEMORY_ABOVE_32, "data.batch_size=128", *TINY, env=FAULTS_IMPORTABLE
+    )
     assert result.returncode == 1
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("litlab: error: out of memory at global step 0 with micro-batch 128")
@@ -88,7 +91,7 @@ def test_batch_size_finder_picks_the_largest_batch_that_fits_and_trains_with_it(
             "tune.init_val=4",
             "tune.steps_per_trial=1",
             *TINY,
-            env=ENV,
+            env=FAULTS_IMPORTABLE,
         )
     )
     (run,) = run_dirs(log_dir)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import csv
 import ctypes
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, litlab, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, summary
 
 
 @pytest.mark.slow
@@ -159,10 +158,7 @@ def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_prob
     # Lightning's ~500k import-time objects (0.3 s pauses); and on machines without NVML, torch's
     # Adam re-tried loading it at every step because Lightning's import asks for NVML-based checks.
     report = tmp_path / "process.json"
-    env = {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-        "LITLAB_TEST_REPORT": str(report),
-    }
+    env = {**FAULTS_IMPORTABLE, "LITLAB_TEST_REPORT": str(report)}
     ok(
         litlab(
             "litlab-train",

@@ -66,22 +66,24 @@ class ClassifierModule(L.LightningModule):
         if self.device.type == "cuda":
             torch.cuda.manual_seed(seed)  # the current device, which Lightning set to this rank's
 
-    def _step(self, batch: tuple[Tensor, Tensor], accuracy: MulticlassAccuracy) -> Tensor:
+    def _logits_and_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         images, labels = batch
         logits = self(images)
-        loss = self.loss(logits, labels)
+        return logits, self.loss(logits, labels)
+
+    def _step(self, batch: tuple[Tensor, Tensor], accuracy: MulticlassAccuracy) -> Tensor:
+        logits, loss = self._logits_and_loss(batch)
         # update(), not forward(): forward also computes this batch's accuracy (4x the cost, measured),
         # which nothing reads; accuracy is logged per epoch.
-        accuracy.update(logits, labels)
+        accuracy.update(logits, batch[1])
         return loss
 
     def on_train_epoch_start(self) -> None:
         self._train_sums, self._train_samples = None, 0  # (also drops what a batch-size search left)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        images, labels = batch
-        logits = self(images)
-        loss = self.loss(logits, labels)
+        logits, loss = self._logits_and_loss(batch)
+        labels = batch[1]
         with torch.no_grad():
             correct = (logits.argmax(-1) == labels).sum()
             sums = torch.stack([loss.float() * labels.size(0), correct.float()])  # float32 also in bf16-true
