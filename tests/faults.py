@@ -44,3 +44,19 @@ class MLPReportingItsProcess(MLP):
             with open(report, "w") as file:
                 json.dump(state, file)
         return super().forward(x)
+
+
+class MLPInALeftoverProcessGroup(MLP):
+    """An MLP built in a process that already holds a one-member process group, as an earlier
+    in-process DDP job used to leave one: Lightning then adopts it whatever the run's world size."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import socket
+
+        if not torch.distributed.is_initialized():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            url = f"tcp://127.0.0.1:{port}"
+            torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)

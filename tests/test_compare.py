@@ -30,6 +30,7 @@ def write_job(
     extra_overrides: tuple[str, ...] = (),
     status: str = "completed",
     write_summary: bool = True,
+    measured: bool | None = None,
 ) -> dict:
     """One job directory of a sweep: .hydra/ as Hydra writes it and (unless not) a summary.json."""
     job_dir = sweep_dir / str(job)
@@ -46,6 +47,7 @@ def write_job(
         "data": {"batch_size": 32, "global_batch_size": None},
         **values,
     }
+    measured = status == "completed" if measured is None else measured  # a failed run may have figures
     (job_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(config), job_dir / ".hydra" / "config.yaml")
     OmegaConf.save(OmegaConf.create(overrides), job_dir / ".hydra" / "overrides.yaml")
@@ -64,10 +66,10 @@ def write_job(
         "micro_batch_size": 32,
         "accumulate_grad_batches": accumulation,
         "effective_batch_size": 32 * devices * accumulation,
-        "metrics": {"val/acc": val_acc, "test/acc": val_acc - 0.01} if status == "completed" else {},
-        "throughput": {"samples_per_second": samples_per_second} if status == "completed" else {},
+        "metrics": {"val/acc": val_acc, "test/acc": val_acc - 0.01} if measured else {},
+        "throughput": {"samples_per_second": samples_per_second} if measured else {},
         "memory": {"kind": "cpu_rss", "peak_rss_mib_per_rank": [peak_mib] * devices, "peak_mib": peak_mib}
-        if status == "completed"
+        if measured
         else None,
     }
     if write_summary:
@@ -146,6 +148,24 @@ def test_failed_and_unfinished_jobs_are_rows_with_their_error(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert failed["error"] in markdown and "no summary.json" in markdown
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_ratio_is_computed_from_or_against_a_failed_run_even_one_with_figures(tmp_path):
+    # A run that trained, then failed (e.g. its world was not the configured one), has throughput,
+    # memory and metrics in its summary: none of them may become a speed-up, a ratio or a delta.
+    write_job(tmp_path, 0, status="failed", measured=True, samples_per_second=5000.0, peak_mib=100.0)
+    base = write_job(tmp_path, 1, samples_per_second=1000.0, peak_mib=400.0)
+    other = write_job(tmp_path, 2, precision="bf16", samples_per_second=1500.0, peak_mib=300.0)
+    write_job(tmp_path, 3, precision="bf16", status="failed", measured=True, samples_per_second=9000.0)
+    report = build_report(collect_runs([tmp_path]))
+    failed_first, baseline, completed, failed_last = report.rows
+    assert baseline["is_baseline"] and not failed_first["is_baseline"]
+    assert completed["baseline"] == "#1" and completed["speed_up"] == pytest.approx(1.5)
+    assert completed["memory_ratio"] == pytest.approx(300.0 / base["memory"]["peak_mib"])
+    for row in (failed_first, failed_last):
+        assert row["status"] == "failed"
+        assert (row["speed_up"], row["memory_ratio"], row["metric_delta"]) == (None, None, None)
+    assert other["status"] == "completed"
 
 
 def test_compare_cli_writes_the_report_of_a_sweep_and_of_run_directories(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -112,43 +113,74 @@ def test_sweep_and_search_configs_compose_as_multiruns():
     assert grid.hydra.callbacks.report._target_ == "litlab.compare.SweepReport"
 
 
-CLUSTER_VARIABLES = (
-    "LOCAL_RANK",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_NTASKS",
-    "SLURM_JOB_NAME",
-    "SUBMITIT_LOCAL_NTASKS",
-)
-
-
 @pytest.mark.parametrize(
-    "overrides,env,expected",
+    "overrides,own_process",
     [
-        (["strategy=ddp", "trainer.devices=2"], {}, True),
-        (["strategy=ddp", "trainer.devices=1"], {}, False),
-        (["strategy=auto", "trainer.devices=2"], {}, True),  # Lightning picks ddp
-        (["strategy=fsdp", "trainer.devices=2"], {}, True),
-        (["strategy=ddp_spawn", "trainer.devices=2"], {}, False),  # spawned ranks re-run nothing
-        (["strategy=ddp", "trainer.devices=auto", "trainer=gpu"], {}, True),
-        (["strategy=ddp", "trainer.devices=2"], {"SLURM_NTASKS": "2"}, False),  # srun started them
-        (["strategy=ddp", "trainer.devices=2"], {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, True),
-        (["strategy=ddp", "trainer.devices=2"], {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, False),
-        (["strategy=ddp", "trainer.devices=2"], {"SUBMITIT_LOCAL_NTASKS": "2"}, False),
+        ([], False),  # one device, strategy=auto: in the sweep's process, its changes restored
+        (["precision=bf16", "trainer.deterministic=true", "trainer.benchmark=true"], False),
+        (["tune.batch_size=true"], False),
+        (["oom=auto_shrink"], False),
+        (["strategy=ddp", "trainer.devices=2"], True),
+        (["strategy=ddp", "trainer.devices=1"], True),  # a process group, even for one rank
+        (["strategy=auto", "trainer.devices=2"], True),  # Lightning picks ddp and re-runs the command
+        (["strategy=fsdp", "trainer.devices=2"], True),
+        (["strategy=ddp_spawn", "trainer.devices=2"], True),
+        (["trainer.devices=auto", "trainer=gpu"], True),  # one rank per GPU: maybe several
+        (["trainer.num_nodes=2"], True),
+        (["model.compile=true"], True),  # torch.compile's caches are per process
+        (["sweep_isolation=process"], True),
     ],
 )
-def test_a_job_gets_its_own_process_exactly_when_lightning_would_launch_its_ranks(
-    overrides, env, expected, monkeypatch
+def test_a_job_gets_its_own_process_exactly_when_its_process_state_could_not_be_put_back(
+    overrides, own_process
 ):
-    from litlab.multirun import lightning_launches_ranks
+    from litlab.multirun import own_process_reason
 
-    for name in CLUSTER_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     schema.register()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides)
-    assert lightning_launches_ranks(cfg) is expected
+    reason = own_process_reason(cfg)
+    assert (reason is not None) is own_process, reason
+
+
+# What a one-device DDP job leaves in os.environ (Lightning sets these and never removes them).
+DDP_LEFTOVERS = {"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+
+
+@pytest.mark.parametrize(
+    "start_env,expected",
+    [
+        ({}, False),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train"}, True),  # srun started the ranks
+        ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, False),  # an interactive allocation
+        ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, True),  # torchrun
+        ({"SUBMITIT_LOCAL_NTASKS": "2"}, True),  # submitit's local executor
+        ({"LSB_JOBID": "1", "LSB_DJOB_RANKFILE": "f", "JSM_NAMESPACE_LOCAL_RANK": "0"}, True),  # LSF
+    ],
+)
+def test_who_started_the_ranks_is_decided_from_the_environment_the_process_started_with(
+    start_env, expected, monkeypatch
+):
+    from litlab import launch
+
+    started_with = dict(os.environ)
+    monkeypatch.setattr(launch, "PROCESS_START_ENV", {**started_with, **start_env})
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "LSB_JOBID"):
+        if name not in start_env:
+            launch.PROCESS_START_ENV.pop(name, None)
+    # An earlier job of this process left DDP's variables behind: the answer must not change.
+    for name, value in DDP_LEFTOVERS.items():
+        monkeypatch.setenv(name, value)
+    assert launch.cluster_started_ranks() is expected
+    assert "LOCAL_RANK" in os.environ  # what the decision ignored
+
+
+def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeypatch):
+    from litlab import launch
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launch.PROCESS_START_ENV is not os.environ
+    assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank
 
 
 @pytest.mark.slow
@@ -276,7 +308,12 @@ def test_ddp_multirun_runs_each_job_once_with_two_ranks(tmp_path):
             2,
             precision,
         )
-        assert result["sweep"] == {"dir": str(sweep_dir), "job_num": int(job.name)}
+        assert result["sweep"] == {
+            "dir": str(sweep_dir),
+            "job_num": int(job.name),
+            "process": "own",
+            "own_process_reason": "2 ranks",
+        }
         assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
     assert len(list((tmp_path / "logs" / "storage").iterdir())) == 2
     assert len(report_rows(sweep_dir)) == 2

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from litlab.callbacks.checkpoint import AtomicCheckpointIO
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.throughput import RunStats
+from litlab.callbacks.world import WorldCheck
 from litlab.data.memory import InMemoryImageDataModule
 from litlab.errors import check_gpus_available, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
@@ -144,7 +145,9 @@ def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[
     run.stats = RunStats()  # always on: summary.json and sweep reports need its figures
     nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # always on: a nan loss must not go unnoticed
     run.extra["nonfinite"] = nonfinite.report
-    callbacks: list[Callback] = [run.stats, nonfinite]
+    world = WorldCheck()  # always on: a run never reports ranks it did not have
+    run.extra["world"] = world.report
+    callbacks: list[Callback] = [run.stats, nonfinite, world]
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue

@@ -21,11 +21,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from litlab.logs import global_rank
 
 log = logging.getLogger(__name__)
+
+# The environment as this process started, before any sweep job ran in it: a job with DDP leaves
+# LOCAL_RANK, MASTER_ADDR, WORLD_SIZE... behind (Lightning sets them and never removes them), so
+# questions about who started this process's ranks are answered from this copy.
+PROCESS_START_ENV: dict[str, str] = dict(os.environ)
 
 # The key the ranks of one torchrun job agree on, in the store torchrun's agent serves.
 _RUN_STAMP_KEY = "litlab/run_stamp"
@@ -96,6 +102,23 @@ def _agreed_under_torchrun(proposal: str) -> str:
     # compare_set sets the key only if it is absent and returns what is stored: first rank wins.
     # The agent's store outlives worker restarts, so a restarted job keeps its run directory.
     return store.compare_set(_RUN_STAMP_KEY, "", proposal).decode()
+
+
+def cluster_started_ranks(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a cluster launcher started this process as one rank of a job: torchrun, Slurm's
+    srun, LSF's jsrun, a LOCAL_RANK set by hand, or submitit's local tasks (the variables Lightning's
+    cluster environments detect). Decided from the environment the process started with: what a
+    previous job of an in-process sweep left in ``os.environ`` must not count. Read here, not through
+    Lightning, because importing Lightning costs ~8 s in a process that may only wait for a child.
+    """
+    env = PROCESS_START_ENV if env is None else env
+    if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
+        return True
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return True
+    if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:  # submitit's local executor: one task per rank
+        return True
+    return {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK"} <= env.keys()
 
 
 def rank_zero_only(value: Any) -> Any:

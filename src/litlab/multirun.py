@@ -1,4 +1,11 @@
-"""Sweep jobs: a failing job becomes a failed row of the report, and DDP jobs get their own process.
+"""Sweep jobs: each runs exactly as it would alone, and a failing job becomes a failed row of the report.
+
+One job, one result. A job's result must be the result of the same overrides run alone, whatever
+ran before it in the same process. Jobs that would change process-wide state that cannot be put
+back (a process group, several ranks, torch.compile's caches) run in a fresh single-run child
+process; the others run in the sweep's process and ``litlab.isolation`` restores what they changed
+(``own_process_reason`` says which is which, and why). Whether a cluster started this process's
+ranks is read from the environment the process started with (``launch.PROCESS_START_ENV``).
 
 Multirun x DDP. Lightning's subprocess launcher starts ranks 1..N-1 by re-running ``sys.argv``. In a
 multirun that still holds ``-m`` and the sweep, so every rank would start a sweep of its own (and,
@@ -10,7 +17,7 @@ re-run the command line), it works the same under every launcher (basic, joblib)
 (basic, Optuna: the parameters are sampled once, in the sweep process, and reach every rank as
 plain overrides), and a crash of the job's process cannot take the sweep down. The alternatives
 (``ddp_spawn``, patching the launcher's command) need picklable everything or track Lightning's
-private code. Jobs whose ranks the cluster starts (Slurm tasks, torchrun) run in-process as before.
+private code. Jobs whose ranks the cluster starts (Slurm tasks, torchrun) run in-process.
 
 Failure isolation. Hydra's basic sweeper raises the first failed job's exception after the batch,
 and Optuna's gives up above ``max_failure_rate``; either skips the end-of-sweep report. A sweep job
@@ -37,6 +44,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from litlab.launch import PROCESS_START_ENV, cluster_started_ranks
 from litlab.logs import global_rank
 from litlab.schema import ConfigError, batch_sizes, check, device_count
 
@@ -58,22 +66,30 @@ class ChildFailed(RuntimeError):
 def sweep_job() -> dict[str, Any] | None:
     """The sweep directory and job number of this process's run, or None outside a multirun."""
     hydra = HydraConfig.get()
-    if hydra.mode == RunMode.MULTIRUN:
-        return {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
+    if hydra.mode == RunMode.MULTIRUN:  # the job runs in the sweep's process
+        return {"dir": hydra.sweep.dir, "job_num": hydra.job.num, "process": "sweep"}
     inherited = os.environ.get(SWEEP_JOB_ENV)
     return json.loads(inherited) if inherited else None
 
 
 def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) -> float | None:
-    """Run one multirun job with ``fit``: in this process, or in a single-run child when Lightning
-    would launch the job's DDP ranks. A failure is recorded in summary.json and returns None."""
+    """Run one multirun job with ``fit``, exactly as the same overrides would run alone: in a fresh
+    single-run child process when the job would change what cannot be put back (``own_process_reason``),
+    otherwise in this process, with the process-wide state it changes restored afterwards. A failure
+    is recorded in summary.json and returns None."""
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     is_child = HydraConfig.get().mode != RunMode.MULTIRUN
     try:
         check(cfg)  # a bad value fails here, in milliseconds, before torch loads or a child starts
-        if not is_child and lightning_launches_ranks(cfg):
-            return run_in_child_process(cfg, job_dir)
-        return fit(cfg)
+        if is_child:
+            return fit(cfg)
+        reason = own_process_reason(cfg)
+        if reason is not None:
+            return run_in_child_process(cfg, job_dir, reason)
+        from litlab.isolation import process_state_restored
+
+        with process_state_restored():
+            return fit(cfg)
     except Exception as error:
         record_failure(cfg, job_dir, f"{type(error).__name__}: {error}")
         if is_child:
@@ -85,34 +101,40 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     return None
 
 
-def lightning_launches_ranks(cfg: DictConfig) -> bool:
-    """Whether Lightning's subprocess launcher would start this run's ranks (re-running the command).
+def own_process_reason(cfg: DictConfig) -> str | None:
+    """Why this sweep job must run in a fresh process of its own; None when it can run in the
+    sweep's process (its changes to process-wide state are then restored, ``litlab.isolation``).
 
-    True for ``ddp`` (start_method popen), ``fsdp``, and ``auto`` (Lightning picks ddp) with more
-    than one process per node, unless the cluster starts every rank itself. Unsure ("auto" devices
-    on a GPU) counts as yes: a single run in a child process is always correct, just one start more.
+    A fresh process costs one start (~8 s of imports on a 2-core CPU). It is chosen where putting
+    the process back is impossible or not certain:
+
+    - more than one rank, or ``trainer.devices=auto`` off the CPU: Lightning's launcher re-runs the
+      command line, which in a multirun holds the whole sweep; spawned ranks must pickle everything;
+    - any strategy but ``auto`` (ddp, ddp_spawn, fsdp, also on one device): a process group,
+      Lightning's rendezvous variables and the CPU thread count are set for the whole process;
+    - ``model.compile``: torch.compile's caches and recompile limits are per process (a later job
+      compiling the same ``forward`` would count against them and could silently run eagerly);
+    - ``sweep_isolation=process``: every job, for those who want no shared process at all.
+
+    When a cluster (torchrun, Slurm, LSF, submitit) started this process as a rank, the job runs
+    here on every rank: the cluster, not litlab, owns the processes.
     """
-    strategy = cfg.strategy
-    if strategy.get("start_method", "popen") != "popen":
-        return False  # ddp_spawn: torch.multiprocessing starts the ranks; the command is not re-run
-    processes = device_count(cfg.trainer.devices)
-    # "auto" or -1: one process on a CPU, one per GPU otherwise (unknown here: assume several).
-    several = processes > 1 if processes is not None else cfg.trainer.accelerator != "cpu"
-    return several and not _cluster_starts_ranks()
-
-
-def _cluster_starts_ranks() -> bool:
-    # The environment variables Lightning's cluster environments detect (torchrun, Slurm's srun,
-    # LSF's jsrun, LOCAL_RANK set by hand), and submitit's local tasks; read here because importing
-    # Lightning costs ~8 s in a process that would only wait for its child.
-    env = os.environ
-    if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
-        return True
-    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        return True
-    if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:  # submitit's local executor: one task per rank
-        return True
-    return {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK"} <= env.keys()
+    if cluster_started_ranks():
+        return None
+    if cfg.sweep_isolation == "process":
+        return "sweep_isolation=process"
+    trainer = cfg.trainer
+    processes = device_count(trainer.devices)
+    if processes is None and trainer.accelerator != "cpu":  # "auto": one process per GPU, unknown here
+        return f"trainer.devices={trainer.devices} may mean several ranks"
+    ranks = (processes or 1) * trainer.num_nodes
+    if ranks > 1:
+        return f"{ranks} ranks"
+    if cfg.strategy.name != "auto":
+        return f"strategy={cfg.strategy.name} sets up a process group for the whole process"
+    if cfg.model.get("compile"):
+        return "model.compile=true keeps torch.compile's caches for the whole process"
+    return None
 
 
 def child_command(job_dir: Path) -> list[str]:
@@ -135,15 +157,15 @@ def child_command(job_dir: Path) -> list[str]:
     ]
 
 
-def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
-    """Run the job as one single-run child process and return its ``optimized_metric``."""
+def run_in_child_process(cfg: DictConfig, job_dir: Path, reason: str) -> float | None:
+    """Run the job as one single-run child process and return its ``optimized_metric``.
+
+    The child gets the environment this process started with, not what earlier jobs left in it.
+    """
     command = child_command(job_dir)
-    env = {**os.environ, SWEEP_JOB_ENV: json.dumps(sweep_job())}
-    log.info(
-        "job %s: its ranks need their own launch; running it as a single run: %s",
-        sweep_job()["job_num"],
-        " ".join(command[1:]),
-    )
+    job = {**sweep_job(), "process": "own", "own_process_reason": reason}
+    env = {**PROCESS_START_ENV, SWEEP_JOB_ENV: json.dumps(job)}
+    log.info("job %s runs in a process of its own (%s): %s", job["job_num"], reason, " ".join(command[1:]))
     returncode = subprocess.run(command, env=env, cwd=HydraConfig.get().runtime.cwd, check=False).returncode
     if returncode != 0:
         raise ChildFailed(f"the job's process {_describe_exit(returncode)}")

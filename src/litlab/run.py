@@ -221,6 +221,7 @@ def summarise(
         "metrics": dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
         "throughput": {k: v for k, v in stats.items() if k != "memory"},
         "memory": stats.get("memory"),
+        "torch_flags": run.stats.torch_flags if run.stats is not None else None,
         "checkpoints": {
             "dir": run.checkpoint_dir,
             "best": getattr(checkpoint, "best_model_path", None) or None,

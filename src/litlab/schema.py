@@ -291,6 +291,7 @@ class OneCycleSchedulerConfig(SteppedSchedulerConfig):
 NONFINITE_ACTIONS = ("fail", "skip")
 OOM_ACTIONS = ("fail", "auto_shrink")
 TUNE_MODES = ("power", "binsearch")
+SWEEP_ISOLATION = ("auto", "process")
 
 
 @dataclass
@@ -345,6 +346,7 @@ class TrainConfig:
     test_after_fit: bool = True
     optimized_metric: str = "val/acc"
     on_nonfinite: str = "fail"  # one of NONFINITE_ACTIONS
+    sweep_isolation: str = "auto"  # one of SWEEP_ISOLATION
     oom: OomConfig = field(default_factory=OomConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
 
@@ -553,6 +555,7 @@ def check_runtime_options(cfg: DictConfig) -> None:
     if isinstance(lr, (int, float)) and lr <= 0:
         raise ConfigError(f"optimizer.lr={lr} is not allowed: use a positive learning rate")
     _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
+    _one_of("sweep_isolation", cfg.sweep_isolation, SWEEP_ISOLATION)
     _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
     _positive("oom.max_shrinks", cfg.oom.max_shrinks)
     _positive("oom.within_steps", cfg.oom.within_steps)

@@ -13,6 +13,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 
+from litlab.isolation import torch_flags
+
 log = logging.getLogger(__name__)
 
 
@@ -41,11 +43,16 @@ class RunStats(Callback):
         self._window_samples = 0
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
+        self.torch_flags: dict[str, Any] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # Peaks count from here: an earlier run in this process (a sweep's previous job) or the
         # imports before it must not be in this run's figure.
         _reset_peak_memory(trainer.strategy.root_device)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # As they are while training (Lightning sets some in Trainer(), anomaly mode around fit).
+        self.torch_flags = torch_flags()
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
