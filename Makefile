@@ -26,19 +26,19 @@ train: $(SETUP) ## Train the default experiment (CNN on the embedded digits, CPU
 test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 	$(PYTHON) -m pytest $(ARGS)
 
-test-fast: $(SETUP) ## Run the tests not marked slow (the inner loop)
-	$(PYTHON) -m pytest -m "not slow" $(ARGS)
+test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
+	$(PYTHON) -m pytest tests/unit $(ARGS)
 
-bench: $(SETUP) ## Measure litlab against plain PyTorch (a few minutes; logs/bench/<time>/bench.md)
-	$(PYTHON) -m litlab.bench $(ARGS)
+bench: $(SETUP) ## Measure litlab against bare Lightning and plain PyTorch (benchmarks/; logs/bench/<time>/bench.md)
+	$(PYTHON) -m benchmarks.bench $(ARGS)
 
 lint: $(SETUP) ## ruff check and ruff format --check
-	$(VENV)/bin/ruff check src tests scripts
-	$(VENV)/bin/ruff format --check src tests scripts
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
 
 format: $(SETUP) ## Format and auto-fix with ruff
-	$(VENV)/bin/ruff format src tests scripts
-	$(VENV)/bin/ruff check --fix src tests scripts
+	$(VENV)/bin/ruff format src tests scripts benchmarks
+	$(VENV)/bin/ruff check --fix src tests scripts benchmarks
 
 rename: ## Rename the template for your fork: make rename NAME=myproject
 	python3 scripts/rename.py '$(NAME)'

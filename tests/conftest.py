@@ -1,4 +1,9 @@
-"""Shared test helpers: isolated log folders and litlab commands run as real subprocesses."""
+"""Shared test helpers: isolated log folders, configs composed in-process, and litlab commands run
+as real subprocesses.
+
+tests/unit/ runs in-process (``make test-fast``); tests/integration/ starts real processes (training
+runs, DDP ranks, sweeps, torchrun, Slurm, the S3 server).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 
+from litlab.config import schema
+from litlab.config.preflight import CONFIG_DIR
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
 
@@ -28,6 +38,24 @@ TINY = [
     "trainer.enable_model_summary=false",
     "logger=csv",
 ]
+
+
+def option_names(group: str) -> list[str]:
+    """The options of a config group: its YAML files."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def compose_train(overrides: list[str], output_dir: Path, config_name: str = "train") -> DictConfig:
+    """configs/train.yaml with the overrides, as litlab-train composes it, with Hydra's runtime set
+    (so ``${hydra:...}`` resolves) to ``output_dir``."""
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    return cfg
 
 
 @pytest.fixture

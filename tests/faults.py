@@ -1,5 +1,5 @@
 """Networks for tests that fail on purpose or report on the process training them: picked with
-``model=mlp model.net._target_=tests.faults.X``.
+``model=mlp model.net._target_=tests.faults.X`` (networks) or ``data._target_=tests.faults.X``.
 
 The test process puts the repository on PYTHONPATH so that training subprocesses can import them.
 """
@@ -12,7 +12,8 @@ import os
 
 import torch
 
-from litlab.models.nets import MLP
+from project.vision.data import DigitsDataModule
+from project.vision.nets import MLP
 
 
 class MLPOutOfMemoryAbove32(MLP):
@@ -46,9 +47,10 @@ class MLPReportingItsProcess(MLP):
         return super().forward(x)
 
 
-class MLPInALeftoverProcessGroup(MLP):
-    """An MLP built in a process that already holds a one-member process group, as an earlier
-    in-process DDP job used to leave one: Lightning then adopts it whatever the run's world size."""
+class DigitsInALeftoverProcessGroup(DigitsDataModule):
+    """The digits, built in a process that already holds a one-member process group, as an earlier
+    in-process DDP job used to leave one: Lightning then adopts it whatever the run's world size.
+    (A datamodule, not a network: litlab builds it before fit; the network is built inside fit.)"""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -15,5 +15,5 @@ set -euo pipefail
 MASTER_PORT="${MASTER_PORT:-29500}"
 NPROC="${NPROC:-1}"
 exec torchrun --nnodes="$NNODES" --node-rank="$NODE_RANK" --nproc-per-node="$NPROC" \
-    --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" -m litlab.train \
+    --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" -m litlab.cli.train \
     trainer.devices="$NPROC" trainer.num_nodes="$NNODES" strategy=ddp "$@"

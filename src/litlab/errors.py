@@ -17,14 +17,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from litlab.schema import ConfigError
+from litlab.config.rules import ConfigError
 
 log = logging.getLogger("litlab")
 
@@ -104,55 +103,3 @@ def warn_about_setup(cfg: DictConfig, world_size: int) -> None:
             cfg.trainer.num_nodes,
             cfg.strategy.name,
         )
-
-
-# --- checkpoints -----------------------------------------------------------------------------
-
-
-def read_run_checkpoint(url: str) -> dict[str, Any]:
-    """A litlab checkpoint's contents; a LitlabError if the file is not one."""
-    import pickle
-
-    from litlab.storage import read_checkpoint
-
-    try:
-        checkpoint = read_checkpoint(url)
-    except FileNotFoundError as error:
-        raise LitlabError(f"ckpt_path={url} does not exist") from error
-    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as error:
-        raise LitlabError(
-            f"ckpt_path={url} is not a readable checkpoint ({_first_line(error)}): pass a .ckpt file "
-            "that litlab-train wrote, e.g. <run dir>/checkpoints/last.ckpt"
-        ) from error
-    config = checkpoint.get("hyper_parameters", {}).get("config") if isinstance(checkpoint, dict) else None
-    if not config or "state_dict" not in checkpoint:
-        raise LitlabError(
-            f"ckpt_path={url} was not written by litlab-train (it holds no run config under "
-            "hyper_parameters.config): pass a .ckpt file from a litlab run's checkpoints/ folder"
-        )
-    return checkpoint
-
-
-def load_weights(module: Any, checkpoint: dict[str, Any], url: str) -> None:
-    """Load the checkpoint's weights into ``module``, strictly; a LitlabError when they do not fit."""
-    try:
-        module.load_state_dict(checkpoint["state_dict"], strict=True)
-    except RuntimeError as error:
-        expected, found = set(module.state_dict()), set(checkpoint["state_dict"])
-        missing, unexpected = sorted(expected - found), sorted(found - expected)
-        detail = (
-            f"{len(missing)} missing keys ({', '.join(missing[:3])}...), {len(unexpected)} unexpected "
-            f"({', '.join(unexpected[:3])}...)"
-            if missing or unexpected
-            else "tensor shapes differ"
-        )
-        model = checkpoint["hyper_parameters"]["config"].get("model", {}).get("name")
-        raise LitlabError(
-            f"ckpt_path={url} holds weights that do not fit model={model}, the model its config names "
-            f"({detail}): they come from another model, or from an older version of its network code"
-        ) from error
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -28,8 +28,13 @@ class RankFilter(logging.Filter):
 
 
 def route_lightning_logs_to_root() -> None:
-    """``import lightning`` adds its own console handler; with Hydra's handlers on the root logger
-    that prints every Lightning line twice. Drop it, so Lightning's lines go (rank-prefixed) to the
-    console and train.log once."""
-    if logging.getLogger().hasHandlers():
-        logging.getLogger("lightning").handlers.clear()
+    """Send Lightning's log lines through the root logger's handlers (Hydra's console and train.log,
+    rank-prefixed). ``import lightning`` before logging is configured (the preflight imports it to
+    build the datamodule) gives its loggers a console handler of their own and stops them from
+    propagating: their lines would miss train.log. Called once Hydra has configured logging."""
+    if not logging.getLogger().hasHandlers():
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -1,1 +1,10 @@
-"""LightningDataModules. In-memory image datasets share ``memory.InMemoryImageDataModule``."""
+"""Resumable loaders the engine offers to your datamodules: exact resume for any task.
+
+- ``TensorBatches``: datasets held in memory as tensors (index-batching on the training device);
+- ``ResumableDataLoader``: any map-style Dataset, with worker processes (torchdata's StatefulDataLoader).
+"""
+
+from litlab.data.resumable_loader import ResumableDataLoader
+from litlab.data.tensor_batches import TensorBatches
+
+__all__ = ["ResumableDataLoader", "TensorBatches"]

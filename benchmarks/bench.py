@@ -1,0 +1,814 @@
+"""``make bench`` (``python -m benchmarks.bench``): what litlab costs, measured against plain PyTorch.
+
+Every measurement is a fresh process started from here, one after the other and alternating
+(litlab, bare Lightning, plain, litlab, ...), so machine noise falls on all sides alike. Results go
+to ``logs/bench/<timestamp>/`` as ``bench.json`` and ``bench.md`` (the tables, also printed), with
+every process's output under ``processes/`` and its run folder under ``logs/``.
+
+Sections:
+1. step: median time per optimizer step (warm-up excluded) of three runners on the same net, data,
+   optimizer, batch, seed and thread count: ``litlab-train``; ``lightning_floor``, the net in a bare
+   LightningModule (what Lightning's own loop costs); and ``plain_loop``, a hand-written PyTorch loop.
+   Ratios are per repeat, reported as median and min-max. ``--threads`` sets every run's torch
+   threads (default: one per core). Speed options (compile, channels_last, cudnn benchmark) run
+   beside the default litlab run of one case.
+2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
+   and how long a config error (``precision=fp61``) takes to exit.
+3. sweep: a 4-job multirun, Hydra's sequential launcher vs ``hydra/launcher=joblib``.
+4. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
+   accumulation, and the matmul/TF32 settings they ran with.
+
+This module imports neither torch nor Lightning at the top: the parent process only starts others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("benchmarks.bench")
+REPO = Path(__file__).resolve().parents[1]
+
+STEP_TIMER = "benchmarks.step_timer.StepTimer"
+
+# The step-overhead cases: (name, overrides, optimizer steps). cnn-digits is the default run.
+STEP_CASES: dict[str, list[str]] = {
+    "mlp-digits": ["model=mlp", "data=digits"],
+    "cnn-digits": ["model=cnn", "data=digits"],
+    "cnn-synthetic-3x32x32": ["model=cnn", "data=synthetic"],
+}
+
+
+@dataclass
+class Settings:
+    """How much to run: the full bench, or the tiny mode a test uses to keep the bench working."""
+
+    repeats: int = 5  # this VM's speed jumps between runs (up to 2x): medians need several
+    steps: dict[str, int] = field(
+        default_factory=lambda: {"mlp-digits": 400, "cnn-digits": 300, "cnn-synthetic-3x32x32": 80}
+    )
+    warmup_steps: int = 10
+    cases: tuple[str, ...] = tuple(STEP_CASES)
+    sweep_jobs: int = 4
+    sweep_overrides: tuple[str, ...] = ("trainer.max_epochs=3",)
+    # Speed options, off by default: each runs as one more litlab run beside the default of this case.
+    options_case: str = "cnn-synthetic-3x32x32"
+    options: tuple[str, ...] = ("compile=true", "model.channels_last=true", "trainer.benchmark=true")
+    joblib_overrides: tuple[str, ...] = ()  # n_jobs=-1 (the plugin's default): a worker per core
+    import_modules: tuple[str, ...] = ("torch", "lightning")
+    accelerator_steps: int = 25
+    accelerator_warmup: int = 5
+    # The probe doubles the batch until fp32 training runs out of memory, up to these caps.
+    accelerator_max_batch: dict[int, int] = field(default_factory=lambda: {32: 8192, 224: 1024})
+    accelerator_precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    accelerator_accumulations: tuple[int, ...] = (1, 4)
+
+    @classmethod
+    def tiny(cls) -> Settings:
+        return cls(
+            repeats=1,
+            steps=dict.fromkeys(STEP_CASES, 30),
+            warmup_steps=5,
+            cases=("cnn-digits",),
+            sweep_jobs=2,
+            sweep_overrides=("trainer.max_epochs=1", "trainer.limit_train_batches=2", "test_after_fit=false"),
+            options_case="cnn-digits",
+            options=("model.channels_last=true",),
+            joblib_overrides=("hydra.launcher.n_jobs=1",),  # one worker process: one Lightning import
+            import_modules=("lightning",),
+            accelerator_steps=4,
+            accelerator_warmup=2,
+            accelerator_max_batch={32: 8},
+            accelerator_precisions=("fp32", "bf16"),
+            accelerator_accumulations=(1,),
+        )
+
+
+# --- the plain PyTorch loop (runs in its own process: `python -m benchmarks.bench plain ...`) ------
+
+
+def training_setup(overrides: list[str]) -> tuple[Any, Any, Any, Any, Any]:
+    """(config, net, optimizer, images, labels) as litlab-train builds them, without Lightning."""
+    cfg = compose_train_config(overrides)
+    import torch
+    from hydra.utils import instantiate
+
+    from litlab.run.build import build_datamodule
+
+    torch.manual_seed(cfg.seed)
+    data = build_datamodule(cfg, cfg.data.batch_size)
+    data.setup("fit")  # no Trainer: the training split of an in-memory datamodule, on the CPU
+    images, labels = data.splits["train"]
+    net = instantiate(cfg.model.net, _convert_="all")(
+        image_shape=data.image_shape, num_classes=data.num_classes
+    )
+    optimizer = instantiate(cfg.optimizer, _convert_="all")(net.parameters())
+    return cfg, net, optimizer, images, labels
+
+
+def plain_loop(overrides: list[str], steps: int, warmup_steps: int, out: Path) -> None:
+    """A hand-written training loop, no Lightning: same net, optimizer, data and batch as litlab."""
+    cfg, net, optimizer, images, labels = training_setup(overrides)
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    batch_size, n = cfg.data.batch_size, len(labels)
+    net.train()
+    step_ends: list[float] = []
+    step_cpu_ends: list[float] = []
+    first_step_unix = None
+    loss_sum = torch.zeros(())  # accumulated on the device; read once at the end (no per-step sync)
+    while len(step_ends) < steps:
+        order = torch.randperm(n)
+        for start in range(0, n, batch_size):
+            index = order[start : start + batch_size]
+            loss = loss_fn(net(images[index]), labels[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()
+            step_ends.append(time.perf_counter())
+            step_cpu_ends.append(time.thread_time())
+            first_step_unix = first_step_unix or time.time()
+            if len(step_ends) == steps:
+                break
+    result = {
+        "runner": "plain",
+        "first_step_unix": first_step_unix,
+        "step_ends": step_ends,
+        "step_cpu_ends": step_cpu_ends,
+        "warmup_steps": warmup_steps,
+        "threads": torch.get_num_threads(),
+        "device": "cpu",
+        "mean_train_loss": float(loss_sum) / steps,
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def lightning_floor(overrides: list[str], steps: int, warmup_steps: int, out: Path) -> None:
+    """The same training in a bare LightningModule (loss only, no logger, no callbacks but the
+    timer): what Lightning's loop itself costs, so litlab's own share can be told apart."""
+    cfg, net, optimizer, images, labels = training_setup(overrides)
+    import lightning as L
+    import torch
+
+    from benchmarks.step_timer import StepTimer
+
+    class Bare(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return optimizer
+
+    class Batches:  # the plain loop's batching, as an iterable Lightning can take
+        def __len__(self) -> int:
+            return -(-len(labels) // cfg.data.batch_size)
+
+        def __iter__(self) -> Any:
+            order = torch.randperm(len(labels))
+            for start in range(0, len(labels), cfg.data.batch_size):
+                index = order[start : start + cfg.data.batch_size]
+                yield images[index], labels[index]
+
+    timer = StepTimer(str(out), warmup_steps=warmup_steps, runner="lightning")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
+    trainer.fit(Bare(), train_dataloaders=Batches())
+
+
+def compose_train_config(overrides: list[str]) -> Any:
+    """configs/train.yaml with the overrides, composed as litlab-train composes it (no torch)."""
+    from hydra import compose, initialize_config_dir
+
+    from litlab.config import preflight, schema
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(preflight.CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+# --- running processes -------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """Starts the measured processes; every one writes its output to a log file in the bench folder."""
+
+    dir: Path
+    settings: Settings
+    threads: int
+    env: dict[str, str] = field(init=False)
+    _count: int = 0
+
+    def __post_init__(self) -> None:
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "LITLAB_LOG_DIR": str(self.dir / "logs"),  # litlab's run folders stay inside the bench's
+            "OMP_NUM_THREADS": str(self.threads),
+            # litlab-train imports the bench's step timer (benchmarks.step_timer) from the repository.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        }
+        self.env.pop("HYDRA_FULL_ERROR", None)
+
+    def process(self, name: str, args: Sequence[str], check: bool = True) -> tuple[float, float, int]:
+        """Runs a Python process; returns (unix start time, wall seconds, exit status)."""
+        self._count += 1
+        output = self.output_log(name)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with output.open("w") as sink:
+            started_unix, started = time.time(), time.perf_counter()
+            # Each process gets its own log folder: repeats of one command would otherwise find their
+            # run identity completed (resume=auto) and time a run that trains nothing.
+            own_logs = self.dir / "logs" / f"{self._count:03d}-{file_name(name)}"
+            env = {**self.env, "LITLAB_LOG_DIR": str(own_logs)}
+            status = subprocess.run(
+                [sys.executable, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
+            ).returncode
+            seconds = time.perf_counter() - started
+        if check and status != 0:
+            tail = output.read_text()[-2000:]
+            raise RuntimeError(f"{name} exited with status {status} (log: {output}):\n{tail}")
+        log.info("%-40s %6.2f s", name, seconds)
+        return started_unix, seconds, status
+
+    def output_log(self, name: str) -> Path:
+        return self.dir / "processes" / f"{self._count:03d}-{file_name(name)}.log"
+
+    def import_seconds(self, module: str) -> tuple[float, float]:
+        """(process start to ``import module`` done, the whole process with its exit) in seconds."""
+        code = f"import time, {module}; print(time.time())"
+        started_unix, seconds, _ = self.process(f"import-{module}", ["-c", code])
+        imported_unix = float(self.output_log(f"import-{module}").read_text().split()[-1])
+        return imported_unix - started_unix, seconds
+
+    def timed_run(self, name: str, runner: str, overrides: list[str], steps: int) -> dict[str, Any]:
+        """One litlab-train or plain-loop run of ``steps`` optimizer steps; its step timings."""
+        result_file = self.dir / "steps" / f"{self._count + 1:03d}-{file_name(name)}-{runner}.json"
+        result_file.parent.mkdir(parents=True, exist_ok=True)
+        warmup = self.settings.warmup_steps
+        if runner == "litlab":
+            args = [
+                "-m",
+                "litlab.cli.train",
+                *overrides,
+                *litlab_timing_overrides(result_file, steps, warmup),
+            ]
+        else:  # plain or lightning
+            args = ["-m", "benchmarks.bench", runner, str(result_file), str(steps), str(warmup), *overrides]
+        started_unix, seconds, _ = self.process(f"{name}-{runner}", args)
+        result = json.loads(result_file.read_text())
+        result["process_start_unix"], result["process_seconds"] = started_unix, seconds
+        return result
+
+
+def file_name(name: str) -> str:
+    """``name`` with what an override's value cannot hold (``=``, spaces...) replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def litlab_timing_overrides(result_file: Path, steps: int, warmup_steps: int) -> list[str]:
+    return [
+        f"trainer.max_steps={steps}",
+        "trainer.max_epochs=-1",
+        "test_after_fit=false",
+        f"+callbacks.bench_timer._target_={STEP_TIMER}",
+        f"+callbacks.bench_timer.path={result_file}",
+        f"+callbacks.bench_timer.warmup_steps={warmup_steps}",
+    ]
+
+
+def steady_step_seconds(result: dict[str, Any], clock: str = "step_ends") -> list[float]:
+    """Seconds of each optimizer step after warm-up (the gaps between consecutive step ends);
+    ``clock="step_cpu_ends"`` gives the main thread's CPU seconds instead."""
+    ends = result[clock][result["warmup_steps"] - 1 :]
+    return [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+
+
+def median_ms(result: dict[str, Any], clock: str = "step_ends") -> float:
+    return 1000 * statistics.median(steady_step_seconds(result, clock))
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": list(values),
+    }
+
+
+RUNNERS = ("litlab", "lightning", "plain")
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Step overhead per case: litlab, bare Lightning and plain runs alternating; startup figures
+    measured alongside the default case (cnn-digits), so they share its noise."""
+    settings = bench.settings
+    cases: dict[str, Any] = {}
+    startup: dict[str, list[float]] = {
+        "import_torch_s": [],
+        "import_torch_process_s": [],
+        "import_lightning_s": [],
+        "import_lightning_process_s": [],
+        "first_step_s": [],
+        "config_error_exit_s": [],
+    }
+    for repeat in range(settings.repeats):
+        for name in settings.cases:
+            steps = settings.steps[name]
+            case = cases.setdefault(name, {"overrides": STEP_CASES[name], "steps": steps, "runs": []})
+            results = {runner: bench.timed_run(name, runner, STEP_CASES[name], steps) for runner in RUNNERS}
+            threads = {result["threads"] for result in results.values()}
+            if len(threads) != 1:
+                raise RuntimeError(f"{name}: the runs used different thread counts {sorted(threads)}")
+            pair: dict[str, Any] = {"threads": threads.pop()}
+            for runner, result in results.items():
+                pair[f"{runner}_step_ms"] = median_ms(result)
+                pair[f"{runner}_cpu_ms"] = median_ms(result, "step_cpu_ends")
+                pair[f"{runner}_steps"] = len(result["step_ends"])
+            pair["ratio"] = pair["litlab_step_ms"] / pair["plain_step_ms"]
+            pair["lightning_ratio"] = pair["lightning_step_ms"] / pair["plain_step_ms"]
+            pair["cpu_ratio"] = pair["litlab_cpu_ms"] / pair["plain_cpu_ms"]
+            pair["litlab_vs_lightning"] = pair["litlab_step_ms"] / pair["lightning_step_ms"]
+            case["runs"].append(pair)
+            if name == settings.options_case:
+                for option in settings.options:
+                    variant = bench.timed_run(
+                        f"{name}+{option}", "litlab", [*STEP_CASES[name], option], steps
+                    )
+                    case.setdefault("options", {}).setdefault(option, []).append(
+                        {
+                            "step_ms": median_ms(variant),
+                            "vs_default": median_ms(variant) / pair["litlab_step_ms"],
+                            "first_step_s": variant["first_step_unix"] - variant["process_start_unix"],
+                            "default_first_step_s": results["litlab"]["first_step_unix"]
+                            - results["litlab"]["process_start_unix"],
+                        }
+                    )
+            if name == "cnn-digits":  # the default `litlab-train`: startup figures beside it
+                litlab = results["litlab"]
+                startup["first_step_s"].append(litlab["first_step_unix"] - litlab["process_start_unix"])
+                for module in settings.import_modules:
+                    imported, whole = bench.import_seconds(module)
+                    startup[f"import_{module}_s"].append(imported)
+                    startup[f"import_{module}_process_s"].append(whole)
+                _, seconds, status = bench.process(
+                    "config-error", ["-m", "litlab.cli.train", "precision=fp61"], check=False
+                )
+                if status != 2:
+                    raise RuntimeError(f"precision=fp61 exited with status {status}, expected 2")
+                startup["config_error_exit_s"].append(seconds)
+        log.info("repeat %d of %d done", repeat + 1, settings.repeats)
+    for case in cases.values():
+        runs = case["runs"]
+        for runner in RUNNERS:
+            case[f"{runner}_step_ms"] = statistics.median(r[f"{runner}_step_ms"] for r in runs)
+        for ratio in ("ratio", "lightning_ratio", "cpu_ratio", "litlab_vs_lightning"):
+            case[ratio] = spread([r[ratio] for r in runs])
+        for option, variants in case.get("options", {}).items():
+            case["options"][option] = {
+                "step_ms": statistics.median(v["step_ms"] for v in variants),
+                "vs_default": spread([v["vs_default"] for v in variants]),
+                "first_step_s": statistics.median(v["first_step_s"] for v in variants),
+                "extra_first_step_s": statistics.median(
+                    v["first_step_s"] - v["default_first_step_s"] for v in variants
+                ),
+                "runs": variants,
+            }
+    if startup["first_step_s"]:  # what litlab adds to Lightning's import, per repeat
+        pairs = zip(startup["first_step_s"], startup["import_lightning_s"], strict=True)
+        startup["first_step_after_lightning_import_s"] = [first - imported for first, imported in pairs]
+    return cases, {k: spread(v) for k, v in startup.items() if v}
+
+
+def sweep_section(bench: Bench) -> dict[str, Any]:
+    """Wall time of one multirun of ``sweep_jobs`` jobs, per launcher."""
+    seeds = ",".join(str(seed) for seed in range(1, bench.settings.sweep_jobs + 1))
+    common = ["-m", "litlab.cli.train", "-m", f"seed={seeds}", *bench.settings.sweep_overrides]
+    result: dict[str, Any] = {"jobs": bench.settings.sweep_jobs, "overrides": list(common[3:])}
+    joblib = ["hydra/launcher=joblib", *bench.settings.joblib_overrides]
+    for launcher, extra in (("sequential", []), ("joblib", joblib)):
+        sweep_dir = f"hydra.sweep.dir={bench.dir / 'sweeps' / launcher}"
+        _, seconds, _ = bench.process(f"sweep-{launcher}", [*common, *extra, sweep_dir])
+        result[f"{launcher}_s"] = seconds
+    result["joblib_speedup"] = result["sequential_s"] / result["joblib_s"]
+    return result
+
+
+ACCELERATOR_SHAPES = {32: [3, 32, 32], 224: [3, 224, 224]}
+
+
+def accelerator_section(bench: Bench, device: str | None) -> dict[str, Any]:
+    """resnet18 on synthetic images per precision and accumulation, on CUDA (or the device asked for).
+
+    Without CUDA it returns ``{"skipped": reason}``. ``device="cpu"`` runs the same code on a CPU,
+    to try the section out on a machine without a GPU.
+    """
+    if device is None:
+        reason = cuda_unavailable_reason()
+        if reason:
+            return {"skipped": reason}
+        device = "cuda"
+    settings = bench.settings
+    results: dict[str, Any] = {"device": device, "runs": [], "probes": {}}
+    for size, max_batch in settings.accelerator_max_batch.items():
+        probe_file = bench.dir / "accelerator" / f"probe-{size}.json"
+        probe_file.parent.mkdir(parents=True, exist_ok=True)
+        probe_args = ["-m", "benchmarks.bench", "probe", str(probe_file), device, str(size), str(max_batch)]
+        bench.process(f"probe-{size}", probe_args)
+        probe = json.loads(probe_file.read_text())
+        results["probes"][size] = probe
+        for accumulation in settings.accelerator_accumulations:
+            for precision in settings.accelerator_precisions:
+                run = accelerator_run(bench, device, size, probe["max_batch"], precision, accumulation)
+                run["flops_per_sample"] = probe["flops_per_sample"]
+                results["runs"].append(run)
+    compare_to_fp32(results["runs"])
+    return results
+
+
+def compare_to_fp32(runs: list[dict[str, Any]]) -> None:
+    """Adds speed-up and memory ratios against the fp32 run of the same input and accumulation,
+    and achieved TFLOP/s where the FLOPs per sample are known."""
+    fp32 = {(r["size"], r["accumulation"]): r for r in runs if r["precision"] == "fp32" and "error" not in r}
+    for run in runs:
+        if "error" in run:
+            continue
+        baseline = fp32.get((run["size"], run["accumulation"]))
+        if baseline is not None:
+            run["speedup_vs_fp32"] = run["samples_per_s"] / baseline["samples_per_s"]
+            if run["peak_memory_mib"] and baseline["peak_memory_mib"]:
+                run["memory_vs_fp32"] = run["peak_memory_mib"] / baseline["peak_memory_mib"]
+        if run.get("flops_per_sample"):
+            run["tflops"] = run["samples_per_s"] * run["flops_per_sample"] / 1e12
+
+
+def accelerator_overrides(device: str, size: int, batch: int, precision: str, accumulation: int) -> list[str]:
+    """litlab-train overrides of one accelerator run: training steps only (no validation, test,
+    logger or callbacks), 4 batches per epoch so that accumulation 4 never straddles an epoch end."""
+    return [
+        "model=resnet",
+        "data=synthetic",
+        f"data.image_shape=[{','.join(map(str, ACCELERATOR_SHAPES[size]))}]",
+        f"model.net.small_inputs={str(size < 64).lower()}",  # 224x224 keeps resnet's strided stem
+        f"data.num_samples={5 * batch}",  # 10 % val, 10 % test: 4 x batch training samples
+        "data.val_fraction=0.1",
+        "data.test_fraction=0.1",
+        f"data.batch_size={batch}",
+        f"precision={precision}",
+        f"trainer.accumulate_grad_batches={accumulation}",
+        f"trainer.accelerator={'gpu' if device == 'cuda' else device}",
+        "trainer.limit_val_batches=0",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_model_summary=false",
+        "callbacks=none",
+        "logger=none",
+    ]
+
+
+def accelerator_run(
+    bench: Bench, device: str, size: int, batch: int, precision: str, accumulation: int
+) -> dict[str, Any]:
+    settings = bench.settings
+    name = f"resnet-{size}-{precision}-acc{accumulation}"
+    result_file = bench.dir / "accelerator" / f"{name}.json"
+    overrides = [
+        *accelerator_overrides(device, size, batch, precision, accumulation),
+        *litlab_timing_overrides(result_file, settings.accelerator_steps, settings.accelerator_warmup),
+    ]
+    run: dict[str, Any] = {
+        "size": size,
+        "batch_size": batch,
+        "precision": precision,
+        "accumulation": accumulation,
+        "data_mib": round(5 * batch * 3 * size * size * 4 / 2**20, 1),  # the dataset, on the device
+    }
+    _, _, status = bench.process(name, ["-m", "litlab.cli.train", *overrides], check=False)
+    if status != 0:  # e.g. out of memory: the others still run
+        run["error"] = f"exit status {status}, see {bench.output_log(name)}"
+        return run
+    timing = json.loads(result_file.read_text())
+    window = timing["window"]
+    run.update(
+        {
+            "samples_per_s": window["steps"] * batch * accumulation / window["seconds"],
+            "step_ms": 1000 * window["seconds"] / window["steps"],
+            "peak_memory_mib": timing["peak_memory_mib"],
+            "effective_precision": timing["precision"],
+            "backends": timing["backends"],
+        }
+    )
+    return run
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the accelerator section cannot run here, or None when CUDA is usable."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch build ({torch.__version__}) has no CUDA support"
+    if not torch.cuda.is_available():
+        return f"no CUDA device visible (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return None
+
+
+def probe(out: Path, device: str, size: int, max_batch: int) -> None:
+    """The largest power-of-two batch whose fp32 resnet18 training step fits on the device together
+    with litlab's dataset (5 x batch images, held on the device), and the model's FLOPs per sample."""
+    import torch
+    from lightning.fabric.utilities.throughput import measure_flops
+
+    from project.vision.nets import resnet18
+
+    shape = ACCELERATOR_SHAPES[size]
+    with torch.device("meta"):  # counts FLOPs without allocating anything
+        net = resnet18(shape, 10, small_inputs=size < 64)
+        x = torch.randn(2, *shape)
+    flops_per_sample = measure_flops(net, lambda: net(x), lambda y: y.sum()) / 2  # forward + backward
+    net = resnet18(shape, 10, small_inputs=size < 64).to(device)
+    optimizer = torch.optim.AdamW(net.parameters())
+    on_cuda = device.startswith("cuda")
+    usable = 0.9 * torch.cuda.get_device_properties(device).total_memory if on_cuda else None
+    sample_bytes = 4 * math.prod(shape)
+    batch, chosen, peaks = 8, 8, {}
+    while batch <= max_batch:
+        try:
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            images = torch.randn(batch, *shape, device=device)
+            labels = torch.zeros(batch, dtype=torch.long, device=device)
+            torch.nn.functional.cross_entropy(net(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        except torch.cuda.OutOfMemoryError:
+            break
+        finally:
+            images = labels = None
+            if on_cuda:
+                torch.cuda.empty_cache()
+        if on_cuda:
+            peaks[batch] = torch.cuda.max_memory_allocated(device)
+            if peaks[batch] + 5 * batch * sample_bytes > usable:
+                break
+        chosen = batch
+        batch *= 2
+    result = {
+        "max_batch": chosen,
+        "tried_up_to": max_batch,
+        "flops_per_sample": flops_per_sample,
+        "probe_peak_mib": {b: round(p / 2**20) for b, p in peaks.items()},
+        "device_mib": round(usable / 0.9 / 2**20) if usable else None,
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The bench's tables (bench.md, printed, and pasted into the README)."""
+    meta = result["machine"]
+    lines = [
+        f"litlab bench, {result['date']}: {meta['cpus']} CPU cores, {meta['threads']} torch threads, "
+        f"torch {meta['torch']}, lightning {meta['lightning']}, python {meta['python']}"
+        + (" (tiny mode: not representative)" if result["tiny"] else ""),
+        "",
+    ]
+    cases = result.get("step")
+    if cases:
+        repeats = len(next(iter(cases.values()))["runs"])
+        lines += [
+            f"**Step time** (median ms per optimizer step after warm-up, {repeats} alternating repeats; "
+            "bare Lightning: the same net in a LightningModule with no logger, metrics or callbacks)",
+            "",
+            "| case | steps | plain PyTorch | bare Lightning | litlab | litlab / plain (min-max) "
+            "| bare Lightning / plain | litlab / bare Lightning | litlab / plain, CPU time |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, case in cases.items():
+            ratio, floor, cpu = case["ratio"], case["lightning_ratio"], case["cpu_ratio"]
+            own = case["litlab_vs_lightning"]
+            lines.append(
+                f"| {name} | {case['steps']} | {case['plain_step_ms']:.2f} | {case['lightning_step_ms']:.2f} "
+                f"| {case['litlab_step_ms']:.2f} "
+                f"| **{ratio['median']:.2f}** ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+                f"| {floor['median']:.2f} | {own['median']:.2f} ({own['min']:.2f}-{own['max']:.2f}) "
+                f"| {cpu['median']:.2f} |"
+            )
+        lines.append("")
+        for name, case in cases.items():
+            if not case.get("options"):
+                continue
+            lines += [
+                f"**Options** ({name}; each beside the default litlab run of the same repeat)",
+                "",
+                "| option | ms per step | vs default (min-max) | first step s | first step vs default |",
+                "| --- | ---: | ---: | ---: | ---: |",
+                f"| (default) | {case['litlab_step_ms']:.2f} | 1.00 | | |",
+            ]
+            for option, o in case["options"].items():
+                ratio = o["vs_default"]
+                lines.append(
+                    f"| `{option}` | {o['step_ms']:.2f} "
+                    f"| {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+                    f"| {o['first_step_s']:.1f} | {o['extra_first_step_s']:+.1f} s |"
+                )
+            lines.append("")
+    startup = result.get("startup")
+    if startup:
+        labels = {
+            "import_torch_s": "`import torch`: process start to imported",
+            "import_torch_process_s": '`python -c "import torch"`, whole process (exit included)',
+            "import_lightning_s": "`import lightning`: process start to imported",
+            "import_lightning_process_s": '`python -c "import lightning"`, whole process (exit included)',
+            "first_step_s": "`litlab-train` (default run): process start to first optimizer step",
+            "first_step_after_lightning_import_s": "first step minus `import lightning` (litlab's own start)",
+            "config_error_exit_s": "`litlab-train precision=fp61`: whole process, exit status 2",
+        }
+        lines += ["**Startup** (seconds)", "", "| measure | median | min-max |", "| --- | ---: | ---: |"]
+        for key, label in labels.items():
+            if key in startup:
+                s = startup[key]
+                lines.append(f"| {label} | {s['median']:.2f} | {s['min']:.2f}-{s['max']:.2f} |")
+        lines.append("")
+    sweep = result.get("sweep")
+    if sweep:
+        lines += [
+            f"**Sweep** ({sweep['jobs']} jobs: `{' '.join(sweep['overrides'])}`)",
+            "",
+            "| launcher | wall s |",
+            "| --- | ---: |",
+            f"| sequential (Hydra's basic launcher) | {sweep['sequential_s']:.1f} |",
+            f"| `hydra/launcher=joblib` | {sweep['joblib_s']:.1f} |",
+            "",
+        ]
+    accelerator = result.get("accelerator")
+    if accelerator is not None:
+        if "skipped" in accelerator:
+            lines += [f"**Accelerator**: skipped: {accelerator['skipped']}", ""]
+        else:
+            lines += [
+                f"**Accelerator** ({accelerator['device']}, resnet18 on synthetic images)",
+                "",
+                "| input | batch | precision | accumulation | samples/s | vs fp32 | peak MiB "
+                "| vs fp32 | TFLOP/s |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            ]
+            for run in accelerator["runs"]:
+                if "error" in run:
+                    lines.append(
+                        f"| 3x{run['size']}x{run['size']} | {run['batch_size']} | {run['precision']} "
+                        f"| {run['accumulation']} | failed: {run['error']} | | | | |"
+                    )
+                    continue
+                lines.append(
+                    f"| 3x{run['size']}x{run['size']} | {run['batch_size']} | {run['precision']} "
+                    f"| {run['accumulation']} | {run['samples_per_s']:.0f} "
+                    f"| {_x(run.get('speedup_vs_fp32'))} "
+                    f"| {_number(run['peak_memory_mib'])} | {_x(run.get('memory_vs_fp32'))} "
+                    f"| {_number(run.get('tflops'), '.1f')} |"
+                )
+            backends = next((r["backends"] for r in accelerator["runs"] if r.get("backends")), None)
+            if backends:
+                lines += ["", "Settings: " + ", ".join(f"`{k}={v}`" for k, v in backends.items())]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _number(value: float | None, spec: str = ".0f") -> str:
+    return "" if value is None else format(value, spec)
+
+
+def machine(threads: int) -> dict[str, Any]:
+    import platform
+    from importlib.metadata import version
+
+    return {
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "lightning": version("lightning"),
+        "platform": platform.platform(),
+    }
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+SECTIONS = ("step", "sweep", "accelerator")
+
+
+def run_bench(args: argparse.Namespace) -> Path:
+    """Runs the chosen sections; returns the bench folder with bench.json and bench.md."""
+    settings = Settings.tiny() if args.tiny else Settings()
+    if args.repeats:
+        settings.repeats = args.repeats
+    if args.cases:
+        settings.cases = tuple(args.cases.split(","))
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+    bench_dir = Path(args.out or Path(os.environ.get("LITLAB_LOG_DIR", "logs")) / "bench" / stamp)
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    bench = Bench(bench_dir, settings, threads=args.threads)
+    result: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "tiny": args.tiny,
+        "machine": machine(args.threads),
+        "settings": {k: v for k, v in vars(settings).items()},
+    }
+    sections = args.sections.split(",")
+    if "step" in sections:
+        result["step"], result["startup"] = step_and_startup_sections(bench)
+    if "sweep" in sections:
+        result["sweep"] = sweep_section(bench)
+    if "accelerator" in sections:
+        result["accelerator"] = accelerator_section(bench, args.accelerator_device)
+        if "skipped" in result["accelerator"]:
+            log.info("accelerator section skipped: %s", result["accelerator"]["skipped"])
+    (bench_dir / "bench.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    table = markdown(result)
+    (bench_dir / "bench.md").write_text(table + "\n")
+    print(table)
+    print(f"\nbench results: {bench_dir / 'bench.json'}")
+    return bench_dir
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="litlab-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a few steps of one case (for tests)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating repeats (default 5)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads of every run (OMP_NUM_THREADS)",
+    )
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    parser.add_argument("--cases", default=None, help=f"comma list of step cases: {', '.join(STEP_CASES)}")
+    parser.add_argument("--out", default=None, help="bench folder (default logs/bench/<timestamp>)")
+    parser.add_argument(
+        "--accelerator-device",
+        default=None,
+        help="run the accelerator section on this device even without CUDA (cpu: to test the section)",
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}: choose from {', '.join(SECTIONS)}")
+    unknown = set(args.cases.split(",")) - set(STEP_CASES) if args.cases else set()
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from {', '.join(STEP_CASES)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script ``litlab-bench``; ``plain`` and ``probe`` are the measured child processes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][bench] %(message)s")
+    if argv[:1] in (["plain"], ["lightning"]):
+        out, steps, warmup, *overrides = argv[1:]
+        runner = plain_loop if argv[0] == "plain" else lightning_floor
+        runner(overrides, int(steps), int(warmup), Path(out))
+    elif argv[:1] == ["probe"]:
+        out, device, size, max_batch = argv[1:]
+        probe(Path(out), device, int(size), int(max_batch))
+    else:
+        run_bench(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The console scripts: ``litlab-train``, ``litlab-eval``, ``litlab-compare``, each a short recipe."""

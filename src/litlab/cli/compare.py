@@ -1,0 +1,53 @@
+"""``litlab-compare``: one table and one picture from the summary.json files of runs and sweeps.
+
+    litlab-compare logs/train/multiruns/2026-12-01_10-00-00_1a2b3c      # rebuild a sweep's report
+    litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
+    litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric test/acc
+
+Writes report.md, report.csv and report.png: one row per run, with speed-up, memory ratio and metric
+delta against a baseline run (``litlab.report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from litlab.report.compare import DEFAULT_BASELINE, CompareError, report_runs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script ``litlab-compare``."""
+    parser = argparse.ArgumentParser(
+        prog="litlab-compare",
+        description="Compare runs: report.md, report.csv and report.png from their summary.json files.",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep directories and/or run directories")
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        help=f"key=value pairs the baseline run has (default: '{DEFAULT_BASELINE}'); keys are config "
+        "groups or dotted config keys; name trainer.devices to compare every device count with one run",
+    )
+    parser.add_argument(
+        "--metric", default=None, help="metric to report (default: the runs' optimized_metric)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for the report (default: the one directory given)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.out is None and len(args.paths) > 1:
+        parser.exit(
+            2, "litlab-compare: error: several directories given: name the output folder with --out\n"
+        )
+    try:
+        report_runs(args.paths, args.out or args.paths[0], baseline=args.baseline, metric=args.metric)
+    except CompareError as error:
+        parser.exit(2, f"litlab-compare: error: {error}\n")
+
+
+if __name__ == "__main__":
+    main()

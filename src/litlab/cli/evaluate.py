@@ -1,0 +1,92 @@
+"""``litlab-eval ckpt_path=PATH``: test a checkpoint on the test split of the data it was trained on.
+
+The module and datamodule are rebuilt from the run config that every litlab checkpoint carries
+(``litlab.storage.checkpoints.RunConfigInCheckpoint``), for any task; the checkpoint is loaded
+with torch's safe ``weights_only=True``. Writes ``eval.json`` in its own run directory and returns
+the test twin of the run's ``optimized_metric``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from litlab import garbage_collection
+from litlab.config import preflight, schema
+
+schema.register()
+
+
+@hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="eval")
+def evaluate(cfg: DictConfig) -> float | None:
+    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
+    import json
+    import logging
+    from pathlib import Path
+
+    import lightning as L
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from litlab.callbacks.progress import progress_bar
+    from litlab.errors import LitlabError, check_gpus_available, one_line_errors
+    from litlab.logs import route_lightning_logs_to_root
+    from litlab.run.build import build_datamodule, build_module
+    from litlab.storage.checkpoints import RUN_CONFIG_KEY, read_run_checkpoint
+
+    log = logging.getLogger("litlab")
+    route_lightning_logs_to_root()
+    with one_line_errors():  # not a checkpoint, another model's, no such GPU: one line, no traceback
+        checkpoint = read_run_checkpoint(cfg.ckpt_path)
+        stored = checkpoint[RUN_CONFIG_KEY]
+        train_cfg = OmegaConf.create(stored["config"])
+        data = build_datamodule(train_cfg, train_cfg.data.batch_size)
+        module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
+        check_gpus_available(cfg, prefix="")
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        trainer = L.Trainer(
+            accelerator=cfg.accelerator,
+            devices=cfg.devices,
+            precision=train_cfg.precision.value,
+            logger=False,
+            callbacks=[progress_bar()],
+            default_root_dir=str(run_dir),
+        )
+        try:
+            trainer.test(module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, verbose=False)
+        except RuntimeError as error:
+            if "state_dict" not in str(error):
+                raise
+            model = stored.get("choices", {}).get("model", "?")
+            raise LitlabError(
+                f"ckpt_path={cfg.ckpt_path} holds weights that do not fit model={model}, the model its "
+                f"config names ({_first_line(error)}): they come from another model, or from an older "
+                "version of its network code"
+            ) from error
+    metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
+    result = {"ckpt_path": str(cfg.ckpt_path), "run_name": train_cfg.get("run_name"), "metrics": metrics}
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    for name, value in metrics.items():
+        log.info("%s = %.6f", name, value)
+    optimized = str(train_cfg.get("optimized_metric", ""))
+    return metrics.get("test/" + optimized.split("/", 1)[-1])
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return " ".join(lines[:2])[:200] if lines else type(error).__name__
+
+
+def main() -> None:
+    """Console script: check the command line's config, then hand over to Hydra."""
+    preflight.check_or_exit("eval", sys.argv[1:])
+    try:
+        evaluate()
+    finally:
+        garbage_collection.skip_collection_at_exit()
+
+
+if __name__ == "__main__":
+    main()

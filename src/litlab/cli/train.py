@@ -1,0 +1,60 @@
+"""``litlab-train``: compose the config, build the Trainer, fit, test, write summary.json.
+
+litlab-train model=mlp precision=bf16 trainer.max_epochs=3 trainer.accumulate_grad_batches=4
+litlab-train -m precision=fp32,bf16 trainer.accumulate_grad_batches=1,4
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from litlab import garbage_collection
+from litlab.config import preflight, schema
+from litlab.launch import multirun
+
+schema.register()
+
+
+@hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
+def train(cfg: DictConfig) -> float | None:
+    if multirun.sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
+        return multirun.run_sweep_job(cfg, train_run)
+    return train_run(cfg)
+
+
+def train_run(cfg: DictConfig) -> float | None:
+    """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
+    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
+    from litlab.errors import one_line_errors
+    from litlab.launch.ranks import adopt_submitit_local_ranks
+    from litlab.logs import route_lightning_logs_to_root
+    from litlab.run import oom
+    from litlab.run.build import build
+    from litlab.run.lifecycle import finish, prepare_run
+
+    route_lightning_logs_to_root()  # Lightning's lines into train.log, rank-prefixed
+    adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
+    with one_line_errors():  # a problem the user can fix: one line on stderr, no traceback
+        run = prepare_run(cfg)  # seed, identity, storage, resume decision
+        if run.completed:  # the same command after the run finished: nothing left to train
+            return run.stored_metric(cfg.optimized_metric)
+        with garbage_collection.existing_objects_frozen():  # no full-collection pauses while training
+            trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
+        with run.recording_failure(cfg, trainer):
+            return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
+
+
+def main() -> None:
+    """Console script: check the command line's config, then hand over to Hydra."""
+    preflight.check_or_exit("train", sys.argv[1:])
+    try:
+        train()
+    finally:
+        garbage_collection.skip_collection_at_exit()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""Config checks before anything runs: the engine's schema and rules, your groups' signatures,
+the preflight."""

@@ -1,0 +1,103 @@
+"""``ResumableDataLoader``: a DataLoader over any map-style Dataset whose resume is exact.
+
+Built on torchdata's ``StatefulDataLoader`` (its position, with worker processes too, is saved in
+every checkpoint and restored by Lightning). On its own that is not exact at every point Lightning
+can resume from, so this class also makes sure that:
+
+- the shuffled order depends only on (seed, epoch) (a ``DistributedSampler``, sharded across ranks
+  when a process group exists, so Lightning leaves it in place under DDP);
+- a position saved in an earlier epoch is dropped when the run resumes into a later one (a
+  checkpoint after an epoch's last batch, during its validation, with ``limit_train_batches``);
+- the iterator is made at the first batch, after Lightning has told the sampler the epoch (it
+  calls ``iter()`` before ``set_epoch`` when it resumes);
+- each sample's random numbers (augmentation, in the main process or in workers) come from
+  (seed, epoch, index): workers restored mid-epoch draw exactly what the uninterrupted run drew.
+
+Use it for the training split in your datamodule's ``train_dataloader``::
+
+    return ResumableDataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, seed=self.seed,
+                               num_workers=4, persistent_workers=True)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+class _EpochSampler(DistributedSampler):
+    """DistributedSampler whose indices carry their epoch, so a sample can seed itself from it."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return ((index, epoch) for index in super().__iter__())
+
+
+class _SeededSamples(Dataset):
+    """Calls the dataset with the global RNGs seeded from (seed, epoch, index), in whatever process."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, epoch = key
+        seed = hash((self.seed, epoch, index)) % 2**32
+        torch.manual_seed(seed)
+        random.seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed)
+        except ImportError:  # numpy is optional for datasets that do not use it
+            pass
+        return self.dataset[index]
+
+
+class ResumableDataLoader(StatefulDataLoader):
+    def __init__(
+        self, dataset: Dataset, batch_size: int = 1, *, shuffle: bool = False, seed: int = 0, **kwargs: Any
+    ) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sampler = _EpochSampler(
+            dataset,
+            num_replicas=torch.distributed.get_world_size() if distributed else 1,
+            rank=torch.distributed.get_rank() if distributed else 0,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        super().__init__(
+            _SeededSamples(dataset, seed),
+            batch_size=batch_size,
+            sampler=sampler,
+            generator=torch.Generator(),
+            **kwargs,
+        )
+        self.seed = seed
+        self._restored_epoch: int | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        epoch = self.sampler.epoch
+        if self._restored_epoch is not None and self._restored_epoch != epoch:
+            self.next_iter_state = None  # saved in an earlier epoch: this one starts at its first batch
+        self._restored_epoch = None
+        self.generator.manual_seed(self.seed * 100_003 + epoch)  # worker seeds: never the global RNG
+        yield from super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.sampler.epoch, "loader": super().state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restored_epoch = state["epoch"]
+        self.sampler.set_epoch(state["epoch"])
+        super().load_state_dict(state["loader"])

@@ -1,0 +1,110 @@
+"""``TensorBatches``: a resumable loader for datasets that live in memory as tensors.
+
+Batches are drawn by index from tensors that sit on the training device: no worker processes, no
+per-sample collation. The loader is *stateful*: Lightning stores its position in every checkpoint
+(``loops.fit_loop.state_dict.combined_loader``), so a run resumed mid-epoch sees exactly the batches
+an uninterrupted run would have seen. Written instead of using ``torch.utils.data.DataLoader``
+because index-batching in-memory tensors is several times faster than collating samples one by one;
+for datasets read from files, ``litlab.data.ResumableDataLoader`` does the same over a Dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+class TensorBatches:
+    """Iterates batches of in-memory tensors (any number of them, indexed together along their first
+    dimension: (inputs, targets), (tokens,) ...), sharded across ranks.
+
+    Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
+    i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i),
+    never from the global RNG. ``state_dict`` records how many batches of the current epoch were
+    consumed, and ``load_state_dict`` makes the next ``iter()`` continue there. Use it from your
+    datamodule's ``train_dataloader`` (and, unshuffled, for evaluation)::
+
+        return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed,
+                             rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[Tensor],
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        transform: Any = None,
+    ) -> None:
+        self.tensors = tuple(tensors)
+        if not self.tensors or len({len(t) for t in self.tensors}) != 1:
+            raise ValueError("TensorBatches needs one or more tensors of the same length (first dimension)")
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.rank, self.world_size, self.transform = rank, world_size, transform
+        # Training shards are padded to equal length (every rank must take the same number of
+        # optimizer steps); evaluation shards are not, so metrics count every sample exactly once.
+        self.pad = shuffle
+        self.epoch = 0
+        self._consumed = 0  # batches of this epoch handed out so far
+        self._skip = 0  # batches to skip at the next iter() (after a resume)
+        self.sampler = self  # Lightning calls dataloader.sampler.set_epoch(epoch) before each epoch
+        self.batch_sampler = None  # read by Lightning's DataLoader checks
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            # A restored position belongs to the epoch it was saved in. A checkpoint taken after that
+            # epoch's last batch (e.g. preempted during its validation) resumes into the next epoch,
+            # which starts at its first batch; with trainer.limit_train_batches the saved position
+            # can be short of len(self), so load_state_dict alone cannot tell.
+            self._skip = 0
+        self.epoch = epoch
+
+    def _shard(self) -> Tensor:
+        n = len(self.tensors[0])
+        device = self.tensors[0].device
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(n, generator=generator).to(device)
+        else:
+            order = torch.arange(n, device=device)
+        if self.pad and self.world_size > 1:
+            total = math.ceil(n / self.world_size) * self.world_size
+            order = torch.cat([order, order[: total - n]])
+        return order[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        n = len(self.tensors[0])
+        per_rank = math.ceil(n / self.world_size) if self.pad else len(range(self.rank, n, self.world_size))
+        return math.ceil(per_rank / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        order = self._shard()
+        start, self._skip = self._skip, 0
+        self._consumed = start
+        for i in range(start, len(self)):
+            index = order[i * self.batch_size : (i + 1) * self.batch_size]
+            batch = [t[index] for t in self.tensors]
+            if self.transform is not None:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(hash((self.seed, self.epoch, i)) % 2**63)
+                    batch[0] = self.transform(batch[0])
+            self._consumed = i + 1
+            yield tuple(batch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self._consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = state["epoch"]
+        # A checkpoint taken on an epoch's last batch: the next iter() starts a fresh epoch.
+        self._skip = state["consumed"] if state["consumed"] < len(self) else 0

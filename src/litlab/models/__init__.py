@@ -1,1 +1,0 @@
-"""The LightningModule (``module.ClassifierModule``), its networks and learning-rate schedules."""

@@ -1,0 +1,222 @@
+"""Config -> objects -> ``lightning.Trainer``: the one place that instantiates a run's parts.
+
+``cfg.model`` and ``cfg.data`` are your classes, unknown to the engine: ``model._target_`` is a
+LightningModule, ``data._target_`` a LightningDataModule that takes the micro-batch as
+``batch_size`` (docs/contract.md). The engine adds its own callbacks to every Trainer: run
+statistics, the non-finite guard, the world check, per-step reseeding, the train loader's resume
+check and the run config stored in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.callbacks.loader_state import ResumableLoaderCheck
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
+from litlab.callbacks.reseed import ReseedEveryStep
+from litlab.callbacks.run_stats import RunStats
+from litlab.callbacks.world import WorldCheck
+from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
+from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
+from litlab.logs import route_lightning_logs_to_root
+from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
+from litlab.storage.resume import logger_arguments
+
+if TYPE_CHECKING:
+    from litlab.run.lifecycle import Run
+
+log = logging.getLogger(__name__)
+route_lightning_logs_to_root()
+
+
+def _skip_nvml_probe_without_a_driver() -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 on import, so that asking whether CUDA is
+    available never initialises CUDA (fork-started ranks need that). Where NVML cannot be loaded
+    (no NVIDIA driver: CPU machines), torch then tries to dlopen libnvidia-ml on every
+    ``torch.cuda.is_available()`` before falling back to the ordinary check, and torch's Adam and
+    AdamW ask on every optimizer step: 86 us a step on a 2-core CPU (measured; 5% of a small
+    model's step). Without a driver there is no CUDA to initialise, so the ordinary check is as safe.
+    """
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")  # what torch loads for the NVML check
+    except OSError:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+
+
+_skip_nvml_probe_without_a_driver()
+
+
+def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
+    """The Trainer, module and datamodule of a run."""
+    trainer = build_trainer(cfg, run)
+    sizes = batch_sizes(cfg.data, cfg.trainer, world_size=trainer.world_size)
+    run.batch_sizes = sizes
+    data = build_datamodule(cfg, sizes.micro)
+    module = build_module(cfg)
+    log.info(
+        "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
+        sizes.micro,
+        trainer.num_devices,
+        trainer.num_nodes,
+        sizes.accumulation,
+        sizes.effective,
+    )
+    return trainer, module, data
+
+
+def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:
+    """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch."""
+    args = {k: v for k, v in cfg.data.items() if k not in DATA_ENGINE_KEYS}
+    data = _instantiate("data", OmegaConf.create(args), batch_size=micro_batch_size)
+    if not isinstance(data, L.LightningDataModule):
+        raise LitlabError(
+            f"data={_choice('data')} builds a {type(data).__name__}, not a LightningDataModule: point "
+            "data._target_ at your LightningDataModule class"
+        )
+    return data
+
+
+def build_module(cfg: DictConfig) -> L.LightningModule:
+    """Your ``model._target_``, with its optimizer and scheduler partials as the config wires them,
+    compiled with torch.compile when ``compile=true``."""
+    module = _instantiate("model", cfg.model)
+    if not isinstance(module, L.LightningModule):
+        raise LitlabError(
+            f"model={_choice('model')} builds a {type(module).__name__}, not a LightningModule: point "
+            "model._target_ at your LightningModule class (a network goes inside it, e.g. model.net)"
+        )
+    if cfg.compile:
+        import torch
+
+        return torch.compile(module)  # Lightning unwraps it and compiles the module's forward
+    return module
+
+
+def check_by_building(cfg: DictConfig) -> None:
+    """Build what is cheap to build, as the run will: the datamodule (constructors take values, the
+    data loads in ``setup``), and the optimizer partial on one parameter. Raises ConfigError with
+    the setting that was rejected. The module is not built here: a large network would be built twice."""
+    import torch
+
+    sizes = batch_sizes(cfg.data, cfg.trainer)
+    try:
+        build_datamodule(cfg, sizes.micro)
+        optimizer = _instantiate("optimizer", cfg.optimizer)
+        if callable(optimizer):
+            try:
+                optimizer([torch.nn.Parameter(torch.zeros(1))])
+            except (ValueError, TypeError) as error:
+                settings = " ".join(
+                    f"{k}={v}" for k, v in cfg.optimizer.items() if not str(k).startswith("_")
+                )
+                raise ConfigError(
+                    f"optimizer={_choice('optimizer')} ({cfg.optimizer.get('_target_')}) rejects its "
+                    f"settings {settings}: {_one_line(error)}"
+                ) from None
+    except LitlabError as error:
+        raise ConfigError(error.reason) from None
+
+
+def _instantiate(group: str, node: DictConfig, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, with what a constructor rejects turned into one line naming the group."""
+    try:
+        return instantiate(node, **kwargs, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, (ValueError, TypeError, OSError, ImportError)):
+            raise LitlabError(f"{group}={_choice(group)}: {_one_line(cause)}") from error
+        raise
+
+
+def _choice(group: str) -> str:
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    return str(choices.get(group, "?"))
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
+    loggers = build_loggers(cfg, run)
+    callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_gpus_available(cfg.trainer)
+    trainer = L.Trainer(
+        **trainer_args,
+        strategy=build_strategy(cfg.strategy),
+        precision=cfg.precision.value,
+        callbacks=callbacks,
+        logger=loggers,
+        # Lightning adds its own checkpoint callback and progress bar unless told there are none.
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+        default_root_dir=str(run.dir),
+        plugins=[AtomicCheckpointIO()],  # a kill mid-write never leaves a truncated checkpoint
+    )
+    run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
+    warn_about_setup(cfg, trainer.world_size)
+    return trainer
+
+
+def build_strategy(strategy_cfg: DictConfig) -> Any:
+    """A Lightning strategy object, or "auto". Every key but ``name`` is a constructor argument."""
+    if strategy_cfg.get("_target_") is None:
+        return "auto"
+    args = {k: v for k, v in strategy_cfg.items() if k != "name"}
+    return instantiate(OmegaConf.create(args), _convert_="all")
+
+
+def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
+    """The callbacks every run has, whatever its task: they make the engine's guarantees hold."""
+    run.stats = RunStats()  # summary.json and sweep reports need its figures
+    nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
+    world = WorldCheck()  # a run never reports ranks it did not have
+    loader = ResumableLoaderCheck(run)  # resume is exact, or summary.json says it is not
+    run.extra.update(nonfinite=nonfinite.report, world=world.report)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    stored = RunConfigInCheckpoint(config, choices)  # litlab-eval rebuilds the run from a checkpoint
+    return [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored]
+
+
+def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:
+    callbacks = engine_callbacks(cfg, run)
+    for name, callback_cfg in cfg.callbacks.items():
+        if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
+            continue
+        target = callback_cfg.get("_target_", "")
+        if target.endswith("LearningRateMonitor") and not has_logger:
+            log.info("callback %s left out: it logs to a logger and logger=none", name)
+            continue
+        if target.endswith(("ModelCheckpoint", "run_checkpoints")):  # they write into the storage folder
+            made = instantiate(callback_cfg, dirpath=run.checkpoint_dir)
+        else:
+            made = instantiate(callback_cfg, _convert_="all")
+        callbacks.extend(made if isinstance(made, list) else [made])
+        log.debug("callback %s: %s", name, made)
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
+    # logger_arguments: a resumed run's TensorBoard continues the run's log directory.
+    loggers = [
+        instantiate(c, **logger_arguments(c, run), _convert_="all")
+        for c in cfg.logger.values()
+        if c is not None
+    ]
+    return loggers or False

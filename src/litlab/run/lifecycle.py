@@ -1,0 +1,309 @@
+"""A run's identity, directories and outcome: everything around ``trainer.fit``.
+
+``prepare_run`` decides what is decided once per run (seed, identity, storage folder, resume point);
+``finish`` tests the model and writes ``summary.json`` (``litlab.run.summary.Summary``), which
+reports, sweeps and resume read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import platform
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.callbacks.run_stats import RunStats
+from litlab.config.rules import BatchSizes
+from litlab.errors import failure_reason
+from litlab.launch.multirun import sweep_job
+from litlab.logs import global_rank
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
+from litlab.storage import resume
+from litlab.storage.checkpoints import last_checkpoint
+from litlab.storage.roots import RunStorage, check_storage, storage_options, use_storage_options
+
+log = logging.getLogger("litlab")
+
+# Overrides that say where or how a run is launched, not what it is: not part of its identity.
+_NOT_IDENTITY = (
+    "hydra.",
+    "resume",
+    "run_name",
+    "paths.",
+    "storage.",
+    "hydra/",
+    "storage=",
+    "sweep_isolation",
+)
+PREEMPTED_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+@dataclass
+class Run:
+    dir: Path
+    identity: str
+    storage: RunStorage
+    resume_from: str | None = None
+    resume: resume.Decision | None = None
+    started: float = field(default_factory=time.time)
+    batch_sizes: BatchSizes | None = None
+    precision: dict[str, str] = field(default_factory=dict)
+    stats: RunStats | None = None
+    resume_exact: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more summary fields (nonfinite, oom, tune, world)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.storage.checkpoint_url
+
+    @property
+    def is_global_zero(self) -> bool:
+        return global_rank() == 0
+
+    @property
+    def completed(self) -> bool:
+        """The run of this identity already completed: the same command has nothing left to train."""
+        return self.resume is not None and self.resume.completed_summary is not None
+
+    def stored_metric(self, name: str) -> float | None:
+        """A metric from the stored summary of a completed run (what the sweep's objective returns)."""
+        summary = (self.resume.completed_summary if self.resume else None) or {}
+        return summary.get("metrics", {}).get(name)
+
+    def note_precision(self, requested: str, effective: str) -> None:
+        self.precision = {"requested": requested, "effective": effective}
+        if requested != effective:
+            log.warning(
+                "precision: requested %s but this accelerator runs %s; results of this run are %s "
+                "results, not %s (summary.json records both)",
+                requested,
+                effective,
+                effective,
+                requested,
+            )
+
+    @contextlib.contextmanager
+    def recording_failure(self, cfg: DictConfig, trainer: L.Trainer) -> Iterator[None]:
+        """Writes a ``status: failed`` summary (with the error) if the block raises, then re-raises."""
+        try:
+            yield
+        except BaseException as error:
+            preempted = isinstance(error, SIGTERMException)
+            status = INTERRUPTED if preempted else FAILED
+            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+            if preempted:  # Lightning's SIGTERMException would exit with status 0
+                log.warning("SIGTERM: exiting with status %d; the same command resumes", PREEMPTED_EXIT_CODE)
+                raise SystemExit(PREEMPTED_EXIT_CODE) from error
+            raise
+
+
+def run_identity(cfg: DictConfig) -> str:
+    """``run_name``, or the experiment name plus a hash of the overrides that define the run."""
+    if cfg.run_name:
+        return str(cfg.run_name)
+    overrides = sorted(
+        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(_NOT_IDENTITY)
+    )
+    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return f"{cfg.experiment_name}-{digest}"
+
+
+def prepare_run(cfg: DictConfig) -> Run:
+    """Seed, and decide the run's identity, storage folder and resume point."""
+    check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    identity = run_identity(cfg)
+    options = storage_options(cfg.storage)
+    use_storage_options(cfg.storage.root, options)
+    storage = RunStorage(cfg.storage.root, identity, options)
+    run = Run(dir=run_dir, identity=identity, storage=storage)
+    run.resume = resume.decide(
+        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
+    )
+    if run.completed:
+        log.warning(resume.completed_message(storage, run.resume.completed_summary))
+        if run.is_global_zero:  # the run directory (a sweep job's, say) still shows the run's outcome
+            Summary.from_dict(run.resume.completed_summary).write(run_dir / "summary.json")
+        return run
+    run.resume_from = run.resume.point.url if run.resume.point else None
+    if run.is_global_zero:
+        storage.prepare()
+        storage.link_into(run_dir)
+        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage, run_dir)
+        resume.record_start(storage, run.resume, run_dir)
+        storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
+    return run
+
+
+def finish(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    data: L.LightningDataModule,
+    run: Run,
+) -> float | None:
+    """Test the best checkpoint, write summary.json, and return the metric sweepers optimise."""
+    tested = None
+    fit_metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
+    # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
+    # when the best checkpoint was written, which forgets a last.ckpt written after it.
+    checkpoints = _checkpoints(trainer, run)
+    if cfg.test_after_fit and not trainer.fast_dev_run and _has_test_step(module):
+        tested = checkpoints["best"]
+        trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
+    metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
+    summary = write_summary(
+        cfg, trainer, run, status=COMPLETED, metrics=metrics, checkpoints={**checkpoints, "tested": tested}
+    )
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
+            # Under their own names: Lightning writes these at step 0, which under the metrics' own
+            # names put a point with the final value at the start of every val/ and test/ curve.
+            final = {f"final/{name}": value for name, value in summary.metrics.items()}
+            logger.log_hyperparams(_flat_choices(summary), metrics=final)
+            # Fit and test have already closed the writer; this reopened it, and an unflushed event
+            # file can lose these at exit (seen as a missing final point in TensorBoard).
+            logger.finalize("success")
+    value = summary.metrics.get(cfg.optimized_metric)
+    log.info("%s = %s; summary: %s", cfg.optimized_metric, value, run.dir / "summary.json")
+    return value
+
+
+def _checkpoints(trainer: L.Trainer, run: Run) -> dict[str, Any]:
+    checkpoint = trainer.checkpoint_callback
+    best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else None
+    return {"dir": run.checkpoint_dir, "best": best or None, "last": last_checkpoint(trainer)}
+
+
+def _has_test_step(module: L.LightningModule) -> bool:
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    return is_overridden("test_step", module)
+
+
+def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> Summary:
+    summary = summarise(cfg, trainer, run, status, **extra)
+    if run.is_global_zero:
+        text = summary.to_json()
+        (run.dir / "summary.json").write_text(text)
+        run.storage.write_text("summary.json", text)
+    return summary
+
+
+def summarise(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    run: Run,
+    status: str,
+    error: str | None = None,
+    metrics: dict[str, float] | None = None,
+    checkpoints: dict[str, Any] | None = None,
+) -> Summary:
+    hydra = HydraConfig.get()
+    sizes = run.batch_sizes
+    stats = run.stats.stats if run.stats is not None else {}
+    return Summary(
+        status=status,
+        error=error,
+        experiment_name=cfg.experiment_name,
+        run_name=run.identity,
+        run_dir=str(run.dir),
+        storage_dir=run.storage.url,
+        groups=run_groups(dict(hydra.runtime.choices)),
+        overrides=list(hydra.overrides.task),
+        optimized_metric=cfg.optimized_metric,
+        optimized_metric_mode=cfg.optimized_metric_mode,
+        precision=run.precision,
+        accelerator=trainer.strategy.root_device.type,
+        strategy=cfg.strategy.name,
+        devices=trainer.num_devices,
+        num_nodes=trainer.num_nodes,
+        world_size=trainer.world_size,
+        cluster_environment=_cluster_environment(trainer),
+        micro_batch_size=sizes.micro if sizes else None,
+        accumulate_grad_batches=sizes.accumulation if sizes else None,
+        effective_batch_size=sizes.effective if sizes else None,
+        global_batch_size=cfg.data.get("global_batch_size"),
+        epochs=trainer.current_epoch,
+        global_step=trainer.global_step,
+        metrics=dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
+        throughput={k: v for k, v in stats.items() if k != "memory"},
+        memory=stats.get("memory"),
+        checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
+        resume_exact=run.resume_exact,
+        resumed_count=run.resume.resumed_count if run.resume else 0,
+        wall_time_s=round(time.time() - run.started, 3),
+        started_at=_isoformat(run.started),
+        finished_at=now(),
+        sweep=sweep_job(),
+        torch_flags=run.stats.torch_flags if run.stats is not None else None,
+        versions=_versions(),
+        git_commit=_git_commit(),
+        **run.extra,
+    )
+
+
+def _isoformat(timestamp: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
+
+
+def _cluster_environment(trainer: L.Trainer) -> str | None:
+    """Who started the ranks, as Lightning saw it: LightningEnvironment (Lightning itself),
+    TorchElasticEnvironment (torchrun) or SLURMEnvironment; None for a single-device run."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return type(environment).__name__ if environment is not None else None
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v.numel() == 1}
+
+
+def _flat_choices(summary: Summary) -> dict[str, Any]:
+    return {
+        **{f"group/{k}": v for k, v in summary.groups.items()},
+        "effective_batch_size": summary.effective_batch_size,
+        "accumulate_grad_batches": summary.accumulate_grad_batches,
+        "precision_effective": summary.precision.get("effective"),
+    }
+
+
+def _versions() -> dict[str, str]:
+    import hydra
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": L.__version__,
+        "hydra": hydra.__version__,
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty else "")

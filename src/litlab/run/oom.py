@@ -1,0 +1,173 @@
+"""Fit with a micro-batch that fits in memory.
+
+``tune.batch_size=true`` runs Lightning's batch-size finder first and trains with what it finds.
+``oom=fail`` (default) turns an out-of-memory error into one line that says which of a smaller
+micro-batch with more accumulation, a 16-bit precision, or ``oom=auto_shrink`` would help.
+``oom=auto_shrink`` retries instead: when the error comes in the first ``oom.within_steps`` optimizer
+steps, it halves ``data.batch_size``, doubles ``trainer.accumulate_grad_batches`` (the effective batch
+is unchanged; integer batch limits double so each epoch covers the same samples), frees the cache
+and starts the fit again, at most ``oom.max_shrinks`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.errors import LitlabError
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from litlab.run.lifecycle import Run
+
+log = logging.getLogger("litlab")
+
+Built = tuple["L.Trainer", "L.LightningModule", "L.LightningDataModule"]
+# Trainer arguments counted in micro-batches: doubled with every halving of the micro-batch.
+_BATCH_COUNTS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "val_check_interval")
+
+
+class OutOfMemory(LitlabError):
+    """Training ran out of memory and was not (or could no longer be) retried smaller."""
+
+    exit_code = 1
+
+
+def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> Built:
+    """Build the Trainer, module and data and fit them; summary.json records a failure."""
+    if cfg.tune.batch_size:
+        tune_batch_size(cfg, run, build)
+    tried: list[int] = []
+    while True:
+        trainer, module, data = build(cfg, run)
+        tried.append(run.batch_sizes.micro)
+        with run.recording_failure(cfg, trainer):
+            try:
+                trainer.fit(module, datamodule=data, ckpt_path=run.resume_from, weights_only=True)
+            except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one
+                if not is_oom_error(error):
+                    raise
+                why_not = _why_not_retry(cfg, run, len(tried) - 1, trainer.global_step)
+                if why_not is not None:
+                    raise OutOfMemory(advice(cfg, run, trainer.global_step, error, why_not)) from error
+                log.warning(
+                    "out of memory at global step %d with micro-batch %d: retrying with %d "
+                    "(oom=auto_shrink, halving %d of at most %d)",
+                    trainer.global_step,
+                    run.batch_sizes.micro,
+                    run.batch_sizes.micro // 2,
+                    len(tried),
+                    cfg.oom.max_shrinks,
+                )
+            else:
+                if cfg.oom.action == "auto_shrink":
+                    run.extra["oom"] = _report(cfg, run, tried)
+                    if len(tried) > 1:
+                        log.info(
+                            "oom=auto_shrink: micro-batch %d x accumulation %d fits (effective batch %d)",
+                            run.batch_sizes.micro,
+                            run.batch_sizes.accumulation,
+                            run.batch_sizes.effective,
+                        )
+                return trainer, module, data
+        # Here the error, and the frames that held its tensors, are gone: free the cache and retry.
+        del trainer, module, data
+        garbage_collection_cuda()
+        _halve_micro_batch(cfg)
+        if run.is_global_zero:
+            run.storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> int:
+    """Run Lightning's batch-size finder on a throwaway Trainer and set ``data.batch_size`` to its result."""
+    from lightning.pytorch.tuner import Tuner
+
+    tune, initial = cfg.tune, cfg.data.batch_size
+    # Every loader, the validation one included, starts at init_val (the finder resizes only the ones
+    # it resets, so a loader made at the configured size could fail the first trial on its own).
+    cfg.data.batch_size = tune.init_val
+    trainer, module, data = build(cfg, run)
+    with run.recording_failure(cfg, trainer):
+        found = Tuner(trainer).scale_batch_size(
+            module,
+            datamodule=data,
+            mode=tune.mode,
+            init_val=tune.init_val,
+            max_trials=tune.max_trials,
+            steps_per_trial=tune.steps_per_trial,
+            max_val=tune.max_val,
+        )
+    del trainer, module, data
+    garbage_collection_cuda()
+    cfg.data.batch_size = int(found)
+    run.extra["tune"] = {"batch_size": int(found), "initial_batch_size": initial, "mode": tune.mode}
+    log.info("tune: the batch-size finder (%s mode) picked data.batch_size=%d", tune.mode, found)
+    return int(found)
+
+
+def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: str) -> str:
+    """One sentence: where memory ran out, and which changes would help this run."""
+    sizes = run.batch_sizes
+    options = []
+    if sizes.micro > 1:
+        if cfg.data.get("global_batch_size") is None:
+            options.append(
+                f"a smaller micro-batch with more accumulation (data.batch_size={sizes.micro // 2} "
+                f"trainer.accumulate_grad_batches={sizes.accumulation * 2} keeps the effective batch "
+                f"{sizes.effective})"
+            )
+        else:
+            options.append(
+                f"more accumulation (trainer.accumulate_grad_batches={sizes.accumulation * 2} halves the "
+                f"micro-batch to {sizes.micro // 2}; data.global_batch_size stays "
+                f"{cfg.data.get('global_batch_size')})"
+            )
+    if cfg.precision.value == "32-true":
+        options.append("precision=bf16 (or precision=fp16 on GPUs without bfloat16) to halve activations")
+    if cfg.oom.action == "fail" and sizes.micro > 1:
+        options.append("oom=auto_shrink to halve the micro-batch automatically")
+    if not options:
+        options.append("a smaller model or a GPU with more memory")
+    torch_says = str(error).strip().split(". ")[0][:120]
+    tried = ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
+    where = f"global step {step} with micro-batch {sizes.micro}"
+    return f"out of memory at {where} ({torch_says}){why_not}; try {tried}"
+
+
+def _why_not_retry(cfg: DictConfig, run: Run, shrinks: int, step: int) -> str | None:
+    """None when oom=auto_shrink may retry this error; otherwise the words saying why not."""
+    oom, micro = cfg.oom, run.batch_sizes.micro
+    if oom.action != "auto_shrink":
+        return ""
+    if shrinks >= oom.max_shrinks:
+        return f" after {shrinks} halvings (oom.max_shrinks={oom.max_shrinks})"
+    if step >= oom.within_steps:
+        return f", after the first {oom.within_steps} steps that oom=auto_shrink retries (oom.within_steps)"
+    if micro % 2:
+        return f", and micro-batch {micro} is odd: halving it would change the effective batch"
+    return None
+
+
+def _halve_micro_batch(cfg: DictConfig) -> None:
+    if cfg.data.get("global_batch_size") is None:  # otherwise the micro-batch is derived from accumulation
+        cfg.data.batch_size //= 2
+    cfg.trainer.accumulate_grad_batches *= 2
+    for key in _BATCH_COUNTS:
+        value = cfg.trainer[key]
+        if isinstance(value, int) and not isinstance(value, bool):
+            cfg.trainer[key] = value * 2
+
+
+def _report(cfg: DictConfig, run: Run, tried: list[int]) -> dict[str, Any]:
+    return {
+        "action": cfg.oom.action,
+        "shrinks": len(tried) - 1,
+        "tried_micro_batch_sizes": tried,
+        "micro_batch_size": run.batch_sizes.micro,
+        "accumulate_grad_batches": run.batch_sizes.accumulation,
+    }

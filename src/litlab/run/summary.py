@@ -1,0 +1,153 @@
+"""summary.json: the one record of a run's outcome, read by resume, sweeps, reports and people.
+
+One definition, ``Summary``, used by every writer and reader: a finished or failed run
+(``litlab.run.lifecycle``), a sweep job that failed before its Trainer existed
+(``litlab.launch.multirun``), and the stand-in for a job folder without a summary
+(``litlab.report.collect``). Fields are described in docs/runs.md. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+# Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
+_NOT_RUN_GROUPS = ("hydra", "schema")
+
+
+@dataclass
+class Summary:
+    status: str  # COMPLETED, FAILED or INTERRUPTED (SIGTERM)
+    error: str | None = None
+    experiment_name: str | None = None
+    run_name: str | None = None  # the run identity (resume finds its storage folder by it)
+    run_dir: str | None = None
+    storage_dir: str | None = None
+    groups: dict[str, Any] = field(default_factory=dict)  # the option chosen in each config group
+    overrides: list[str] = field(default_factory=list)  # the command line's
+    optimized_metric: str | None = None
+    optimized_metric_mode: str | None = None  # "min" or "max"
+    precision: dict[str, Any] = field(default_factory=dict)  # requested, effective
+    accelerator: str | None = None
+    strategy: str | None = None
+    devices: int | None = None
+    num_nodes: int | None = None
+    world_size: int | None = None
+    cluster_environment: str | None = None  # who started the ranks, as Lightning saw it
+    micro_batch_size: int | None = None
+    accumulate_grad_batches: int | None = None
+    effective_batch_size: int | None = None
+    global_batch_size: int | None = None
+    epochs: int | None = None
+    global_step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    throughput: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] | None = None
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # dir, best, last, tested
+    resume_exact: bool | None = None  # false when a train loader cannot restore its position
+    resumed_count: int = 0
+    wall_time_s: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    sweep: dict[str, Any] | None = None  # sweep dir, job number, and which process ran the job
+    world: dict[str, Any] | None = None  # the process group and steps per rank, checked after fit
+    torch_flags: dict[str, Any] | None = None  # process-wide torch settings while training
+    nonfinite: dict[str, Any] | None = None
+    oom: dict[str, Any] | None = None
+    tune: dict[str, Any] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    git_commit: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+    @property
+    def metric(self) -> float | None:
+        """The value of the run's optimized_metric."""
+        return self.metrics.get(self.optimized_metric) if self.optimized_metric else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """A summary from its JSON form; fields this version does not know are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def load(cls, path: Path) -> Summary:
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def of_config(
+        cls,
+        cfg: DictConfig,
+        status: str,
+        error: str | None,
+        *,
+        run_dir: Path | str | None,
+        choices: dict[str, Any],
+        overrides: list[str],
+        sweep: dict[str, Any] | None = None,
+    ) -> Summary:
+        """What a run's config says about it, for a run that has no Trainer to ask (it failed before
+        one existed, or its process died before writing a summary)."""
+        from litlab.config.rules import ConfigError, batch_sizes, device_count
+
+        def select(key: str) -> Any:
+            value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+            return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+        try:
+            sizes = batch_sizes(cfg.data, cfg.trainer)
+        except (ConfigError, AttributeError, TypeError, KeyError):
+            sizes = None
+        devices = device_count(select("trainer.devices"))
+        nodes = select("trainer.num_nodes")
+        return cls(
+            status=status,
+            error=error,
+            experiment_name=select("experiment_name"),
+            run_name=select("run_name"),
+            run_dir=str(run_dir) if run_dir is not None else None,
+            groups=run_groups(choices),
+            overrides=list(overrides),
+            optimized_metric=select("optimized_metric"),
+            optimized_metric_mode=select("optimized_metric_mode"),
+            precision={"requested": select("precision.value"), "effective": None},
+            accelerator=select("trainer.accelerator"),
+            strategy=select("strategy.name"),
+            devices=devices if devices is not None else select("trainer.devices"),
+            num_nodes=nodes,
+            world_size=devices * nodes if devices and isinstance(nodes, int) else None,
+            micro_batch_size=sizes.micro if sizes else select("data.batch_size"),
+            accumulate_grad_batches=select("trainer.accumulate_grad_batches"),
+            effective_batch_size=sizes.effective if sizes else None,
+            global_batch_size=select("data.global_batch_size"),
+            finished_at=now(),
+            sweep=sweep,
+        )
+
+
+def run_groups(choices: dict[str, Any]) -> dict[str, Any]:
+    """The options a run chose in its config groups (Hydra's and the schemas' left out)."""
+    return {k: v for k, v in choices.items() if not str(k).startswith(_NOT_RUN_GROUPS)}
+
+
+def now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")

@@ -1,0 +1,1 @@
+"""Where checkpoints persist (roots), how they are written (checkpoints), and the resume decision (resume)."""

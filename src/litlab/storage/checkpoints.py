@@ -1,0 +1,302 @@
+"""Checkpoint policy: Lightning's ModelCheckpoint, arranged so that a run can always be resumed.
+
+``run_checkpoints`` turns the options of ``configs/callbacks/checkpoint.yaml`` into Lightning callbacks:
+
+- the best ``save_top_k`` checkpoints by ``monitor``, every ``every_n_epochs`` epochs;
+- ``last.ckpt``, the resume point, at every epoch end *and* every ``every_n_train_steps`` steps. It is
+  kept by its own ModelCheckpoint (no monitor) because Lightning writes ``save_last`` only when a
+  top-k file was written at that step, so with a metric that stopped improving last.ckpt went stale,
+  and because a top-k callback deletes its older files, which resume needs as a fallback;
+- ``preempted.ckpt``, written when the process receives SIGTERM (cloud or Slurm preemption);
+- TensorBoard flushed with every checkpoint, its files copied to storage with ``copy_logs``.
+
+``AtomicCheckpointIO`` makes local and mounted writes atomic: a temporary file in the same folder,
+then a rename, so a kill mid-write never leaves a truncated checkpoint under a real name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from litlab.storage.roots import TEMPORARY_SUFFIX
+
+log = logging.getLogger(__name__)
+
+LAST = "last"
+PREEMPTED = "preempted"
+
+
+def run_checkpoints(
+    dirpath: str,
+    monitor: str | None = None,
+    mode: str = "max",
+    save_top_k: int = 1,
+    save_last: bool = True,
+    every_n_epochs: int | None = 1,
+    every_n_train_steps: int | None = None,
+    filename: str = "epoch={epoch:03d}-step={step:06d}",
+    copy_logs: bool = False,
+) -> list[Callback]:
+    """The checkpoint callbacks of a run, all writing into ``dirpath``."""
+    common: dict[str, Any] = {"dirpath": dirpath, "enable_version_counter": False}
+    callbacks: list[Callback] = []
+    if save_top_k != 0 and every_n_epochs:
+        callbacks.append(
+            ModelCheckpoint(
+                **common,
+                filename=filename,
+                monitor=monitor,
+                mode=mode,
+                save_top_k=save_top_k,
+                every_n_epochs=every_n_epochs,
+                auto_insert_metric_name=False,
+            )
+        )
+    if save_last:
+        # Lightning allows one trigger per ModelCheckpoint; both write the same last.ckpt.
+        callbacks.append(
+            LastCheckpoint(**common, filename=LAST, every_n_epochs=every_n_epochs or 1, final=True)
+        )
+        if every_n_train_steps:
+            callbacks.append(LastCheckpoint(**common, filename=LAST, every_n_train_steps=every_n_train_steps))
+    if not callbacks:
+        return []  # save_top_k=0 and save_last=false: the run asked for no checkpoints at all
+    callbacks.append(PreemptionCheckpoint(dirpath, filename=PREEMPTED))
+    storage_folder = dirpath.rstrip("/").rsplit("/", 1)[0]
+    callbacks.append(TensorBoardSync(f"{storage_folder}/tensorboard" if copy_logs else None))
+    return callbacks
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Keeps ``last.ckpt`` (no monitor, one file). With ``final``, it also writes the final state when
+    training ends between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``), so last.ckpt is
+    always the state training ended in."""
+
+    def __init__(self, *args: Any, final: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.final = final
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        # _last_global_step_saved: the step each ModelCheckpoint last saved (Lightning's own skip check)
+        saved = [
+            c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
+        ]
+        if self.final and trainer.global_step not in saved:
+            path = f"{str(self.dirpath).rstrip('/')}/{LAST}{self.FILE_EXTENSION}"
+            trainer.save_checkpoint(path, weights_only=False)
+            self.best_model_path = path
+
+
+def last_checkpoint(trainer: L.Trainer) -> str | None:
+    """Path of the run's last.ckpt, if one was written."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.filename == LAST and callback.best_model_path:
+            return callback.best_model_path
+    return None
+
+
+class PreemptionCheckpoint(Checkpoint):
+    """Saves ``<dirpath>/<filename>.ckpt`` when the process receives SIGTERM, then lets it exit.
+
+    Lightning raises SIGTERMException between two batches, so the state saved here is consistent.
+    Other exceptions are left alone: they can strike in the middle of a step, and a run that crashed
+    should resume from its last regular checkpoint, not from a half-updated state. Written instead of
+    using Lightning's OnExceptionCheckpoint because that one saves on every exception and, merely by
+    being present, turns ``fit(ckpt_path=None)`` into a silent resume from the newest ``last*.ckpt``,
+    which would override litlab's resume decision (``resume=never``, a corrupt file skipped).
+    """
+
+    def __init__(self, dirpath: str, filename: str = PREEMPTED) -> None:
+        self.dirpath, self.filename = dirpath, filename
+
+    @property
+    def ckpt_path(self) -> str:
+        return f"{self.dirpath.rstrip('/')}/{self.filename}.ckpt"
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            log.warning(
+                "SIGTERM: saved %s at epoch %d, step %d",
+                self.ckpt_path,
+                trainer.current_epoch,
+                trainer.global_step,
+            )
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # A run that finishes fitting removes its stale preemption checkpoint (teardown does not run
+        # when fit raised, so the checkpoint written on SIGTERM stays).
+        if stage == "fit" and trainer.is_global_zero:
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+class TensorBoardSync(Callback):
+    """Flushes TensorBoard with every checkpoint, and optionally copies its event files to storage.
+
+    The flush makes the curves on disk reach the checkpoint a resumed run starts from (TensorBoard
+    buffers events in memory, and a killed process loses them). With ``destination`` (a storage root
+    that outlives the machine: mounted drive, S3, GCS), the event files are copied there, so a run
+    resumed on a new machine restores them and continues the same curves. Lightning logs a step's
+    metrics after that step's checkpoint, so the copy waits for the next batch (or epoch, exception,
+    end of fit): a kill in between leaves the restored curve without that one step.
+    """
+
+    def __init__(self, destination: str | None = None) -> None:
+        self.destination = destination
+        self._pending = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+        self._pending = True
+        self._flush(trainer)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
+
+    def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
+        self._copy_if_pending(trainer)
+
+    def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._pending = True
+        self._copy_if_pending(trainer)
+
+    def _tensorboard_dirs(self, trainer: L.Trainer) -> list[tuple[TensorBoardLogger, Path]]:
+        if not trainer.is_global_zero:
+            return []
+        return [
+            (logger, Path(logger.log_dir))
+            for logger in trainer.loggers
+            if isinstance(logger, TensorBoardLogger) and Path(logger.log_dir).is_dir()
+        ]
+
+    def _flush(self, trainer: L.Trainer) -> None:
+        for logger, _ in self._tensorboard_dirs(trainer):
+            logger.experiment.flush()
+
+    def _copy_if_pending(self, trainer: L.Trainer) -> None:
+        if not self._pending or self.destination is None:
+            return
+        self._pending = False
+        for logger, log_dir in self._tensorboard_dirs(trainer):
+            logger.experiment.flush()
+            fs, remote = fsspec.core.url_to_fs(self.destination)
+            try:
+                sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(remote, detail=True)}
+            except FileNotFoundError:
+                sizes = {}
+            for path in sorted(log_dir.glob("events.out.tfevents.*")):
+                if sizes.get(path.name) != path.stat().st_size:
+                    fs.put_file(str(path), f"{remote}/{path.name}")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save into a temporary file next to the target, fsync, then rename over it.
+
+    Lightning's own local save goes through a temporary file in the system temp folder and
+    ``shutil.move``: on a mounted drive (another device) that is a copy into the final name, which a
+    kill can truncate. Object stores are left to Lightning (an object appears only once uploaded).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(str(path).removeprefix("file://"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX
+        )
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
+
+
+# The key under which every checkpoint carries its run's config (read by litlab-eval).
+RUN_CONFIG_KEY = "litlab"
+# What torch's weights_only loading accepts in hyper_parameters; anything else is stored as text.
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class RunConfigInCheckpoint(Callback):
+    """Stores the run's resolved config and group choices in every checkpoint, so ``litlab-eval``
+    can rebuild the module and datamodule from a checkpoint alone, for any task.
+
+    It also keeps checkpoints loadable with torch's safe ``weights_only=True`` (resume and eval load
+    them that way) whatever a module passes to ``save_hyperparameters``: an optimizer partial, a
+    network or an omegaconf object there would make the file unloadable, so such values are stored
+    as their text (Lightning reads them back only in ``load_from_checkpoint``).
+    """
+
+    def __init__(self, config: dict[str, Any], choices: dict[str, Any]) -> None:
+        self.config, self.choices = config, choices
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint[RUN_CONFIG_KEY] = {"config": self.config, "choices": self.choices}
+        for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+            if key in checkpoint:
+                checkpoint[key] = _plain(checkpoint[key])
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def read_run_checkpoint(url: str) -> dict[str, Any]:
+    """A litlab checkpoint's contents; a LitlabError if the file is not one."""
+    import pickle
+
+    from litlab.errors import LitlabError
+    from litlab.storage.roots import read_checkpoint
+
+    try:
+        checkpoint = read_checkpoint(url)
+    except FileNotFoundError as error:
+        raise LitlabError(f"ckpt_path={url} does not exist") from error
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise LitlabError(
+            f"ckpt_path={url} is not a readable checkpoint ({first}): pass a .ckpt file "
+            "that litlab-train wrote, e.g. <run dir>/checkpoints/last.ckpt"
+        ) from error
+    stored = checkpoint.get(RUN_CONFIG_KEY) if isinstance(checkpoint, dict) else None
+    if not stored or not stored.get("config") or "state_dict" not in checkpoint:
+        raise LitlabError(
+            f"ckpt_path={url} was not written by litlab-train (it holds no run config under "
+            f"'{RUN_CONFIG_KEY}'): pass a .ckpt file from a litlab run's checkpoints/ folder"
+        )
+    return checkpoint

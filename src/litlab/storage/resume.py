@@ -1,0 +1,260 @@
+"""The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
+
+``resume=auto`` (default) looks in ``<storage.root>/<run identity>/``: a completed run (its stored
+summary.json says so) is not trained again; an unfinished one continues from its newest checkpoint
+that loads (a truncated or corrupt one is skipped with a warning). ``resume=never`` starts fresh and
+moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file.
+
+Rank 0 decides, records the start in ``<storage folder>/run.json`` and hands the decision to the ranks
+Lightning launches (through the environment, which they inherit), so every rank resumes the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from litlab.storage.roots import RunStorage
+
+log = logging.getLogger("litlab")
+
+AUTO, NEVER = "auto", "never"
+DECISION_ENV = "LITLAB_RESUME_DECISION"  # rank 0's decision, inherited by the ranks Lightning launches
+RECORD = "run.json"
+
+
+class InvalidCheckpoint(Exception):
+    """A checkpoint that cannot be resumed from (truncated, corrupt, not a Lightning checkpoint)."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    url: str
+    epoch: int
+    global_step: int
+
+
+@dataclass
+class Decision:
+    point: ResumePoint | None = None
+    completed_summary: dict[str, Any] | None = None  # the stored summary of a run that already finished
+    resumed_count: int = 0
+    tensorboard_dir: Path | None = None  # where a resumed run's TensorBoard logger continues
+
+
+def load_point(url: str) -> ResumePoint:
+    """Load a checkpoint (safely, ``weights_only``) to prove it is usable; raises InvalidCheckpoint.
+
+    The whole file is read: truncation shows at its end, and a partial read could pass a file whose
+    middle is damaged. Lightning loads it again in ``fit``; the cost is one extra read per resume.
+    """
+    from litlab.storage.roots import read_checkpoint
+
+    try:
+        checkpoint = read_checkpoint(url)
+    except Exception as error:  # torch, zipfile, pickle and fsspec each raise their own
+        raise InvalidCheckpoint(f"{type(error).__name__}: {_first_line(error)}") from None
+    if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= checkpoint.keys():
+        raise InvalidCheckpoint("not a Lightning training checkpoint (no state_dict, loops or global_step)")
+    return ResumePoint(
+        url=url, epoch=int(checkpoint.get("epoch", 0)), global_step=int(checkpoint["global_step"])
+    )
+
+
+def newest_valid_checkpoint(storage: RunStorage) -> tuple[ResumePoint | None, list[str]]:
+    """The newest checkpoint that loads, and the newer ones that did not (each skipped with a warning)."""
+    skipped = []
+    for url, _ in storage.checkpoints():
+        try:
+            return load_point(url), skipped
+        except InvalidCheckpoint as error:
+            log.warning("resume: skipping %s, it cannot be loaded (%s)", url, error)
+            skipped.append(url)
+    return None, skipped
+
+
+def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool = False) -> Decision:
+    """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
+
+    A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
+    always starts fresh, so it can be repeated.
+    """
+    if not is_global_zero and DECISION_ENV in os.environ:
+        return _decision_from_env(os.environ[DECISION_ENV])
+    decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
+    if is_global_zero:
+        os.environ[DECISION_ENV] = json.dumps(
+            {"point": asdict(decision.point) if decision.point else None, "resumed": decision.resumed_count}
+        )
+    return decision
+
+
+def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
+    record = _read_record(storage)
+    resumed_before = int(record.get("resumed_count", 0))
+    if mode == NEVER:
+        if act and storage.has_files():
+            log.info("resume=never: moved the earlier files of %s to %s", storage.url, storage.set_aside())
+        return Decision()
+    if mode != AUTO:  # an explicit checkpoint
+        try:
+            point = load_point(mode)
+        except InvalidCheckpoint as error:  # the user's own choice: reported, not skipped
+            raise InvalidCheckpoint(f"resume={mode} cannot be resumed from: {error}") from None
+        return _resuming(point, resumed_before, record)
+    summary = _read_json(storage, "summary.json")
+    if summary.get("status") == "completed":
+        return Decision(completed_summary=summary)
+    if act:
+        for leftover in storage.remove_temporaries():
+            log.info("resume: removed %s, left by a write that was interrupted", leftover)
+    point, skipped = newest_valid_checkpoint(storage)
+    if point is None:
+        if skipped and act:
+            log.warning(
+                "resume: no checkpoint of %s can be loaded; starting fresh, the unusable files moved to %s",
+                storage.url,
+                storage.set_aside(),
+            )
+        return Decision()
+    return _resuming(point, resumed_before, record)
+
+
+def _resuming(point: ResumePoint, resumed_before: int, record: dict[str, Any]) -> Decision:
+    log.info(
+        "resuming from %s (epoch %d, step %d); resumed %d time(s) before",
+        point.url,
+        point.epoch,
+        point.global_step,
+        resumed_before,
+    )
+    recorded = record.get("tensorboard_dir")
+    return Decision(
+        point=point,
+        resumed_count=resumed_before + 1,
+        tensorboard_dir=Path(recorded) if recorded else None,
+    )
+
+
+def _decision_from_env(text: str) -> Decision:
+    data = json.loads(text)
+    point = ResumePoint(**data["point"]) if data["point"] else None
+    return Decision(point=point, resumed_count=int(data["resumed"]))
+
+
+def completed_message(storage: RunStorage, summary: dict[str, Any]) -> str:
+    return (
+        f"run {storage.identity} already completed ({summary.get('epochs')} epochs, "
+        f"{summary.get('global_step')} steps, summary: {storage.url_of('summary.json')}); not training "
+        "it again. To train it from scratch: resume=never (the finished run's files are moved aside) "
+        "or another run_name; to train it further: resume=<checkpoint> with a larger trainer.max_epochs"
+    )
+
+
+# --- TensorBoard continuity ----------------------------------------------------------------------
+
+
+def tensorboard_dir(cfg: DictConfig) -> Path | None:
+    """The log directory the config's TensorBoard logger would write (save_dir/name/version)."""
+    for logger in (cfg.get("logger") or {}).values():
+        if logger is not None and str(logger.get("_target_", "")).endswith("TensorBoardLogger"):
+            return (
+                Path(str(logger.save_dir)) / str(logger.get("name") or "") / str(logger.get("version") or "")
+            )
+    return None
+
+
+def continue_tensorboard(
+    decision: Decision, own_dir: Path | None, storage: RunStorage, run_dir: Path
+) -> None:
+    """Point a resumed run's TensorBoard at the run's log directory, so its curves continue.
+
+    On the machine that started the run, that is the directory recorded in run.json (this run
+    directory gets a ``tensorboard.dir`` file naming it). On a new machine, the event files copied into the
+    storage folder (``storage.copy_logs``) are restored into this run's own directory.
+    """
+    if own_dir is None or decision.point is None:
+        decision.tensorboard_dir = own_dir
+        return
+    previous = decision.tensorboard_dir
+    if previous is not None and previous.is_dir():
+        if previous.resolve() != own_dir.resolve():
+            # A pointer file, not a link: TensorBoard follows links and would show the run twice.
+            (run_dir / "tensorboard.dir").write_text(f"{previous}\n")
+        log.info("resume: TensorBoard continues in %s", previous)
+        return
+    restored = storage.download("tensorboard", own_dir)
+    if restored:
+        log.info("resume: restored %d TensorBoard event file(s) from %s", restored, storage.url)
+    decision.tensorboard_dir = own_dir
+
+
+def logger_arguments(logger_cfg: DictConfig, run: Any) -> dict[str, Any]:
+    """Extra arguments that make a resumed run's TensorBoard logger continue the same log directory."""
+    decision = getattr(run, "resume", None)
+    if decision is None or decision.point is None or decision.tensorboard_dir is None:
+        return {}
+    if not str(logger_cfg.get("_target_", "")).endswith("TensorBoardLogger"):
+        return {}
+    directory = decision.tensorboard_dir
+    # purge_step: TensorBoard hides what the interrupted process logged after its checkpoint (the
+    # resumed run logs its first step at the checkpoint's global step, wherever it was saved).
+    return {
+        "save_dir": str(directory.parent),
+        "name": directory.name,
+        "version": "",
+        "purge_step": decision.point.global_step,
+    }
+
+
+# --- run.json: the run's history across restarts -------------------------------------------------
+
+
+def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None:
+    """Append this start to ``<storage folder>/run.json`` (rank 0)."""
+    record = _read_record(storage)
+    starts = record.get("starts", [])
+    starts.append(
+        {
+            "at": dt.datetime.now().isoformat(timespec="seconds"),
+            "run_dir": str(run_dir),
+            "resumed_from": decision.point.url if decision.point else None,
+            "epoch": decision.point.epoch if decision.point else None,
+            "global_step": decision.point.global_step if decision.point else None,
+        }
+    )
+    record.update(
+        identity=storage.identity,
+        resumed_count=decision.resumed_count,
+        tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
+        starts=starts,
+    )
+    storage.write_text(RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def _read_record(storage: RunStorage) -> dict[str, Any]:
+    return _read_json(storage, RECORD)
+
+
+def _read_json(storage: RunStorage, name: str) -> dict[str, Any]:
+    text = storage.read_text(name)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        log.warning("resume: %s is not valid JSON; ignoring it", storage.url_of(name))
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:200] or type(error).__name__

@@ -1,0 +1,165 @@
+"""Image datasets small enough to live in memory as tensors: the digits, and synthetic images.
+
+``InMemoryImages`` splits (images, labels) from ``load()`` into train/val/test (deterministically,
+by ``split_seed``), standardises them with the training split's statistics, moves them onto the
+training device once, and serves batches with the engine's ``TensorBatches`` (resumable, sharded
+across ranks). A new in-memory dataset is a subclass with ``load()`` and its ``image_shape`` and
+``num_classes``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from litlab.data import TensorBatches
+
+log = logging.getLogger(__name__)
+
+
+class InMemoryImages(L.LightningDataModule):
+    """Images (N, C, H, W) and int64 labels (N,) from ``load()``, split into train/val/test."""
+
+    image_shape: tuple[int, ...]
+    num_classes: int
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        augment: Sequence[Any] = (),
+    ) -> None:
+        super().__init__()
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} must each be at "
+                "least 0, and together below 1"
+            )
+        self.batch_size = batch_size  # the batch-size finder (tune.batch_size) sets this attribute
+        self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
+        # torchvision.transforms.v2 objects (Hydra instantiates the config's entries recursively).
+        self.augment = list(augment)
+        self.splits: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def load(self) -> tuple[Tensor, Tensor]:
+        """All images as a float tensor (N, C, H, W) and labels as int64 (N,)."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if self.splits:
+            return
+        images, labels = self.load()
+        n = len(labels)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
+        n_test, n_val = int(n * self.test_fraction), int(n * self.val_fraction)
+        parts = {
+            "test": order[:n_test],
+            "val": order[n_test : n_test + n_val],
+            "train": order[n_test + n_val :],
+        }
+        # Standardise with the training split's statistics only.
+        train = images[parts["train"]]
+        mean, std = train.mean(), train.std().clamp_min(1e-6)
+        # On the training device once: otherwise every batch is copied from host memory every step.
+        self.splits = {
+            split: (((images[i] - mean) / std).to(device), labels[i].to(device)) for split, i in parts.items()
+        }
+        log.info(
+            "data %s: %d train, %d val, %d test samples of shape %s, on %s",
+            type(self).__name__,
+            len(parts["train"]),
+            len(parts["val"]),
+            len(parts["test"]),
+            list(self.image_shape),
+            device,
+        )
+
+    def _loader(self, split: str, shuffle: bool, transform: Any = None) -> TensorBatches:
+        trainer = self.trainer
+        return TensorBatches(
+            self.splits[split],
+            self.batch_size,
+            shuffle=shuffle,
+            seed=self.split_seed,
+            rank=trainer.global_rank if trainer is not None else 0,
+            world_size=trainer.world_size if trainer is not None else 1,
+            transform=transform,
+        )
+
+    def train_dataloader(self) -> TensorBatches:
+        transform = None
+        if self.augment:
+            from torchvision.transforms import v2
+
+            transform = v2.Compose(self.augment)
+        return self._loader("train", shuffle=True, transform=transform)
+
+    def val_dataloader(self) -> TensorBatches:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> TensorBatches:
+        return self._loader("test", shuffle=False)
+
+
+class DigitsDataModule(InMemoryImages):
+    """scikit-learn's handwritten digits: 1797 grey 8x8 images of 10 digits, shipped inside
+    scikit-learn, so it works offline."""
+
+    image_shape = (1, 8, 8)
+    num_classes = 10
+
+    def load(self) -> tuple[Tensor, Tensor]:
+        table = _digits_table()
+        images = torch.as_tensor(table[:, :-1], dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+        return images, torch.as_tensor(table[:, -1], dtype=torch.int64)
+
+
+def _digits_table() -> np.ndarray:
+    """The digits as rows of 64 pixels and a label. Read straight from scikit-learn's data file:
+    ``sklearn.datasets.load_digits`` first imports scikit-learn, 0.3-0.6 s of every start (measured)."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else None
+    if path is not None and path.is_file():
+        return np.loadtxt(path, delimiter=",")
+    from sklearn.datasets import load_digits  # the file moved: the slower, public way
+
+    digits = load_digits()
+    return np.column_stack([digits.data, digits.target])
+
+
+class SyntheticDataModule(InMemoryImages):
+    """Deterministic random images of any shape, for benchmarks and shape tests. Labels come from a
+    fixed random linear "teacher" on a smoothed copy of each image, so the task is learnable
+    (accuracy well above chance) and identical on every machine for the same seed."""
+
+    def __init__(
+        self,
+        image_shape: Sequence[int] = (3, 32, 32),
+        num_classes: int = 10,
+        num_samples: int = 2048,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if len(image_shape) != 3 or min(image_shape) < 1:
+            raise ValueError(
+                f"data.image_shape={list(image_shape)} is not allowed: use [channels, height, width]"
+            )
+        self.image_shape, self.num_classes, self.num_samples = tuple(image_shape), num_classes, num_samples
+
+    def load(self) -> tuple[Tensor, Tensor]:
+        generator = torch.Generator().manual_seed(self.split_seed + 1)
+        images = torch.randn(self.num_samples, *self.image_shape, generator=generator)
+        pooled = torch.nn.functional.adaptive_avg_pool2d(images, 4).flatten(1)
+        teacher = torch.randn(pooled.shape[1], self.num_classes, generator=generator)
+        return images, (pooled @ teacher).argmax(dim=1)

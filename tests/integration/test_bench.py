@@ -1,0 +1,163 @@
+"""make bench (benchmarks/bench.py): the tiny mode runs every section for real; its parts check
+what the full bench uses.
+
+No test asserts a time: the bench measures, tests only prove that it measures what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmarks import bench
+from omegaconf import OmegaConf
+
+from litlab.config.preflight import check_train_config
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    table = (out / "bench.md").read_text()
+    assert table.strip() in result.stdout
+
+    # Step overhead: the three runners took exactly the steps asked for, with the same threads.
+    (case,) = report["step"].values()
+    (run,) = case["runs"]
+    assert {run[f"{r}_steps"] for r in bench.RUNNERS} == {case["steps"]}
+    assert run["threads"] == report["machine"]["threads"]
+    assert run["ratio"] == pytest.approx(run["litlab_step_ms"] / run["plain_step_ms"])
+    assert all(run[f"{r}_step_ms"] > 0 for r in bench.RUNNERS)
+    assert "| cnn-digits | 30 |" in table
+    (option,) = case["options"].values()  # tiny: model.channels_last=true beside the default run
+    assert option["step_ms"] > 0 and len(option["runs"]) == 1
+    assert "`model.channels_last=true`" in table
+
+    startup = report["startup"]
+    for key in ("import_lightning_s", "first_step_s", "config_error_exit_s"):
+        assert startup[key]["median"] > 0, key
+    assert "precision=fp61" in table
+
+    # The sweep ran both launchers, and every job of each finished its run.
+    sweep = report["sweep"]
+    for launcher in ("sequential", "joblib"):
+        summaries = list((out / "sweeps" / launcher).glob("*/summary.json"))
+        assert len(summaries) == sweep["jobs"] == 2, launcher
+        assert {json.loads(s.read_text())["status"] for s in summaries} == {"completed"}
+
+    accelerator = report["accelerator"]
+    if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table
+        assert "CUDA" in accelerator["skipped"] and accelerator["skipped"] in table
+    else:
+        assert all("error" not in r for r in accelerator["runs"]), accelerator
+
+    # litlab's runs (the default and the option's) logged the step loss only where the logger
+    # writes (every 10 steps), and the epoch means once an epoch (epoch 1 ends at step 20 of 30).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = sorted(out.glob("logs/*-cnn-digits*-litlab/train/runs/*/tensorboard"))
+    assert len(runs) == 2, runs
+    for events in runs:
+        scalars = EventAccumulator(str(events))
+        scalars.Reload()
+        steps = {
+            tag: [e.step for e in scalars.Scalars(tag) if e.step > 0] for tag in scalars.Tags()["scalars"]
+        }
+        assert steps["train/loss_step"] == [9, 19, 29]
+        assert steps["train/loss"] == steps["train/acc"] == [19, 29]
+
+
+@pytest.mark.parametrize("size", sorted(bench.ACCELERATOR_SHAPES))
+@pytest.mark.parametrize(("precision", "accumulation"), [("fp16", 4), ("bf16", 1)])
+def test_accelerator_runs_are_valid_train_configs(size: int, precision: str, accumulation: int, tmp_path):
+    # Composed and checked as litlab-train would (the GPU section cannot run on this machine).
+    overrides = [
+        *bench.accelerator_overrides("cuda", size, 256, precision, accumulation),
+        *bench.litlab_timing_overrides(tmp_path / "steps.json", 25, 5),
+    ]
+    cfg = bench.compose_train_config(overrides)
+    check_train_config(cfg, [])
+    assert cfg.data.image_shape == bench.ACCELERATOR_SHAPES[size]
+    assert cfg.model.net.small_inputs == (size == 32)
+    assert (cfg.trainer.accelerator, cfg.trainer.accumulate_grad_batches) == ("gpu", accumulation)
+    assert cfg.callbacks.bench_timer.path == str(tmp_path / "steps.json")
+    # 4 training batches per epoch: a whole number of accumulation windows.
+    n = cfg.data.num_samples
+    assert n - int(n * cfg.data.val_fraction) - int(n * cfg.data.test_fraction) == 4 * cfg.data.batch_size
+
+
+@pytest.mark.parametrize("option", bench.Settings().options)
+def test_speed_options_are_valid_train_configs(option: str, tmp_path: Path):
+    settings = bench.Settings()
+    overrides = [*bench.STEP_CASES[settings.options_case], option]
+    cfg = bench.compose_train_config(
+        [*overrides, *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10)]
+    )
+    check_train_config(cfg, [])
+    key, value = option.split("=")
+    assert str(OmegaConf.select(cfg, key)).lower() == value
+
+
+def test_speedups_and_memory_are_relative_to_fp32_of_the_same_input_and_accumulation():
+    def run(size, precision, accumulation, samples_per_s, memory):
+        return {
+            "size": size,
+            "batch_size": 512,
+            "precision": precision,
+            "accumulation": accumulation,
+            "samples_per_s": samples_per_s,
+            "peak_memory_mib": memory,
+            "flops_per_sample": 2e9,
+        }
+
+    runs = [
+        run(32, "fp32", 1, 1000.0, 8000.0),
+        run(32, "bf16", 1, 2500.0, 5000.0),
+        run(32, "fp32", 4, 1100.0, 8000.0),
+        run(32, "bf16", 4, 3300.0, 4000.0),
+        {"size": 224, "batch_size": 64, "precision": "fp16", "accumulation": 1, "error": "exit status 1"},
+    ]
+    bench.compare_to_fp32(runs)
+    assert runs[1]["speedup_vs_fp32"] == pytest.approx(2.5)
+    assert runs[1]["memory_vs_fp32"] == pytest.approx(5000 / 8000)
+    assert runs[3]["speedup_vs_fp32"] == pytest.approx(3.0)
+    assert runs[3]["tflops"] == pytest.approx(3300 * 2e9 / 1e12)
+    assert "speedup_vs_fp32" not in runs[4]
+    assert "skipped" in bench.markdown({**_report(), "accelerator": {"skipped": "no CUDA device visible"}})
+    table = bench.markdown({**_report(), "accelerator": {"device": "cuda", "runs": runs}})
+    assert "| 3x32x32 |" in table and "2.50" in table and "failed: exit status 1" in table
+
+
+def _report() -> dict:
+    return {"date": "2026-12-01", "tiny": False, "machine": bench.machine(threads=2)}
+
+
+def test_probe_counts_resnet_flops_per_sample(tmp_path: Path):
+    out = tmp_path / "probe.json"
+    bench.probe(out, "cpu", 224, max_batch=4)  # below the first trial batch: FLOPs only
+    result = json.loads(out.read_text())
+    # resnet18 at 224x224: ~1.8 GMAC forward, so forward + backward ~ 3 x 3.6 GFLOP.
+    assert 9e9 < result["flops_per_sample"] < 12e9
+    assert result["max_batch"] == 8
+
+
+def test_bad_sections_and_cases_are_refused_with_the_allowed_ones(capsys):
+    for args, word in ((["--sections", "step,gpu"], "gpu"), (["--cases", "vit-digits"], "vit-digits")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.parse_args(args)
+        assert exit_info.value.code == 2
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+        assert word in message and "choose from" in message

@@ -1,0 +1,217 @@
+"""``make rename NAME=...`` renames your package only, and a fork keeps merging the engine's fixes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY, ok, run_dirs, summary
+
+# A reference to the package `project` in code or config (what the rename must leave none of).
+OLD_REFERENCE = re.compile(r"(?<![\w.])project\.(vision|schedules|char_lm)\b|from project\b|import project\b")
+
+
+def copy_of_the_project(target: Path) -> Path:
+    """The project's own files (what git tracks, plus new files git does not ignore), in ``target``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in (n for n in listed.split("\0") if n and (REPO / n).is_file()):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target / name)
+    return target
+
+
+def make_rename(project: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "--no-print-directory", "rename", f"NAME={name}"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def file_contents(project: Path, under: str = "") -> dict[str, bytes]:
+    base = project / under
+    return {str(p.relative_to(project)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def runs_from_source(project: Path, tmp_path: Path) -> dict[str, str]:
+    """The copy runs on this test's environment with its own sources first on the path (a venv of
+    its own, make setup, would cost minutes)."""
+    paths = [str(project / "src"), str(project)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "LITLAB_LOG_DIR": str(tmp_path / "logs")}
+
+
+def train(project: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "litlab.cli.train", *overrides, *TINY],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def git(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@x"
+    return ok(
+        subprocess.run(["git", *args], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    )
+
+
+def test_rename_moves_only_your_package_and_the_copy_trains(tmp_path: Path):
+    project = copy_of_the_project(tmp_path / "fork")
+    engine_before = file_contents(project, "src/litlab")
+    ok(make_rename(project, "myproject"))
+
+    assert (project / "src" / "myproject" / "vision" / "module.py").is_file()
+    assert not (project / "src" / "project").exists()
+    assert file_contents(project, "src/litlab") == engine_before  # the engine is not touched
+    about_the_rename = ("scripts/rename.py", "tests/integration/test_rename.py")  # they name the old name
+    leftovers = [
+        name for name, data in file_contents(project).items()
+        if name.endswith((".py", ".yaml")) and name not in about_the_rename
+        and OLD_REFERENCE.search(data.decode(errors="ignore"))
+    ]  # fmt: skip
+    assert not leftovers, leftovers
+    assert (
+        "_target_: myproject.vision.data.DigitsDataModule"
+        in (project / "configs/data/digits.yaml").read_text()
+    )
+    assert 'OLD = "myproject"' in (project / "scripts" / "rename.py").read_text()  # it can rename again
+
+    env = runs_from_source(project, tmp_path)
+    ok(train(project, env))
+    (run,) = run_dirs(tmp_path / "logs")
+    assert summary(run)["status"] == "completed"
+    (stored,) = (tmp_path / "logs" / "storage").glob("*/config.yaml")  # what the run was built from
+    assert "_target_: myproject.vision.module.ImageClassifier" in stored.read_text()
+
+
+# What a fork typically commits: its own model and dataset, edits to the example task, an
+# experiment, and another default in train.yaml.
+FORK_FILES = {
+    "src/myproject/vision/wide.py": '''
+"""A wider MLP: the fork's own network."""
+
+from myproject.vision.nets import MLP
+
+
+class WideMLP(MLP):
+    def __init__(self, image_shape, num_classes, width: int = 256, dropout: float = 0.0) -> None:
+        super().__init__(image_shape, num_classes, hidden_sizes=(width,), dropout=dropout)
+''',
+    "configs/model/wide.yaml": """
+_target_: myproject.vision.module.ImageClassifier
+net:
+  _target_: myproject.vision.wide.WideMLP
+  _partial_: true
+  width: 96
+optimizer: ${optimizer}
+scheduler: ${scheduler}
+""",
+    "src/myproject/vision/blobs.py": '''
+"""The fork's own dataset: two Gaussian blobs as 1x4x4 images."""
+
+import torch
+
+from myproject.vision.data import InMemoryImages
+
+
+class BlobsDataModule(InMemoryImages):
+    image_shape = (1, 4, 4)
+    num_classes = 2
+
+    def __init__(self, num_samples: int = 400, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_samples = num_samples
+
+    def load(self):
+        generator = torch.Generator().manual_seed(0)
+        labels = torch.randint(2, (self.num_samples,), generator=generator)
+        images = torch.randn(self.num_samples, 1, 4, 4, generator=generator) + labels.view(-1, 1, 1, 1) * 2.0
+        return images, labels
+''',
+    "configs/data/blobs.yaml": """
+_target_: myproject.vision.blobs.BlobsDataModule
+num_samples: 400
+batch_size: 32
+global_batch_size: null
+""",
+    "configs/experiment/blobs_wide.yaml": """
+# @package _global_
+defaults:
+  - override /data: blobs
+  - override /model: wide
+experiment_name: blobs_wide
+""",
+}
+
+
+def test_a_fork_with_its_own_task_merges_an_engine_fix_without_conflicts_and_trains(tmp_path: Path):
+    project = copy_of_the_project(tmp_path / "fork")
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "the template")
+    git(project, "branch", "upstream")
+
+    # The fork: rename, its own model and dataset, an edited example, an experiment, a new default.
+    ok(make_rename(project, "myproject"))
+    for name, text in FORK_FILES.items():
+        (project / name).write_text(text.lstrip())
+    module = project / "src/myproject/vision/module.py"
+    module.write_text(
+        module.read_text().replace(
+            "self.loss = nn.CrossEntropyLoss()", "self.loss = nn.CrossEntropyLoss(label_smoothing=0.0)"
+        )
+    )
+    train_yaml = project / "configs/train.yaml"
+    train_yaml.write_text(train_yaml.read_text().replace("\nseed: 42\n", "\nseed: 7\n"))
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "my task")
+
+    # Upstream: a fix in the engine (here: a new line in every run's log).
+    git(project, "checkout", "-q", "upstream")
+    lifecycle = project / "src/litlab/run/lifecycle.py"
+    fixed = lifecycle.read_text().replace(
+        '    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)\n',
+        '    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)\n'
+        '    log.info("engine fix from upstream is here")\n',
+    )
+    assert fixed != lifecycle.read_text()
+    lifecycle.write_text(fixed)
+    git(project, "commit", "-qam", "an engine fix")
+
+    git(project, "checkout", "-q", "main")
+    merged = git(project, "merge", "--no-edit", "upstream")
+    assert "CONFLICT" not in merged.stdout + merged.stderr
+    assert not git(project, "status", "--porcelain").stdout.strip()
+
+    env = runs_from_source(project, tmp_path)
+    ok(train(project, env, "experiment=blobs_wide"))
+    (run,) = run_dirs(tmp_path / "logs")
+    outcome = summary(run)
+    assert outcome["status"] == "completed" and outcome["groups"]["model"] == "wide"
+    assert outcome["metrics"]["test/acc"] > 0.6  # the blobs are easy: the fork's task really trained
+    assert "engine fix from upstream is here" in (run / "train.log").read_text()
+    assert "seed: 7" in (project / "configs/train.yaml").read_text()
+
+
+@pytest.mark.parametrize("bad_name", ["", "My-Project", "torch", "lightning", "os", "litlab", "project"])
+def test_rename_refuses_a_bad_name_and_changes_nothing(bad_name: str, tmp_path: Path):
+    project = copy_of_the_project(tmp_path / "fork")
+    before = file_contents(project)
+    result = make_rename(project, bad_name)
+    assert result.returncode != 0
+    (message,) = [line for line in result.stderr.splitlines() if line.startswith("rename: error:")]
+    assert f"NAME={bad_name}" in message or "make rename NAME=" in message
+    assert file_contents(project) == before

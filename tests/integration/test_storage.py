@@ -1,0 +1,170 @@
+"""Storage that cannot be used fails before training, fast, in one line; writes are atomic.
+
+The failure cases run ``litlab-train`` for real against a missing or read-only folder, a real S3
+server on 127.0.0.1 (moto) and an endpoint that accepts connections but never answers. Each command
+gets 10 seconds (``subprocess.run(timeout=10)``) and must exit 2 with one stderr line naming the URL
+and the cause, before any run directory exists, leaving earlier files untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from litlab.storage.checkpoints import AtomicCheckpointIO
+from litlab.storage.roots import RunStorage
+from tests.conftest import litlab, run_dirs
+
+FAIL_FAST_S = 10  # the issue's bound on how long an unusable storage root may take to be reported
+
+
+def fails_in_one_line(result: subprocess.CompletedProcess, *words: str) -> str:
+    assert result.returncode == 2, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """An existing directory this process cannot write to, holding an earlier run's file."""
+    path = tmp_path / "drive"
+    (path / "earlier-run").mkdir(parents=True)
+    (path / "earlier-run" / "last.ckpt").write_bytes(b"earlier checkpoint")
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    # root ignores permission bits: make it a read-only mount of the same folder instead
+    bind = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True)
+    remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True)
+    if bind.returncode or remount.returncode:
+        if not bind.returncode:
+            subprocess.run(["umount", str(path)], check=False)
+        pytest.skip("running as root without the right to mount: no way to make a read-only directory")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_missing_mounted_drive_fails_before_training(log_dir, tmp_path):
+    root = tmp_path / "drive-not-mounted" / "litlab"
+    result = litlab("litlab-train", "storage=mounted", f"storage.root={root}", timeout=FAIL_FAST_S)
+    fails_in_one_line(result, str(root), "does not exist")
+    assert not root.exists(), "a mounted root must never be created"
+    assert not run_dirs(log_dir)
+
+
+def test_read_only_mounted_drive_fails_and_keeps_earlier_files(log_dir, read_only_dir):
+    before = snapshot(read_only_dir)
+    result = litlab("litlab-train", "storage=mounted", f"storage.root={read_only_dir}", timeout=FAIL_FAST_S)
+    fails_in_one_line(result, str(read_only_dir), "not writable")
+    assert snapshot(read_only_dir) == before
+    assert not run_dirs(log_dir)
+
+
+def test_local_root_that_cannot_be_created_fails(log_dir, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    root = blocker / "storage"
+    result = litlab("litlab-train", f"storage.root={root}", timeout=FAIL_FAST_S)
+    fails_in_one_line(result, str(root), "cannot be created")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_s3_root_without_a_root_url_says_what_to_pass(log_dir):
+    result = litlab("litlab-train", "storage=s3", timeout=FAIL_FAST_S)
+    fails_in_one_line(result, "storage=s3", "storage.root=s3://")
+
+
+def test_s3_missing_bucket_fails_before_training(log_dir, s3_server):
+    result = litlab(
+        "litlab-train",
+        "storage=s3",
+        "storage.root=s3://no-such-bucket/litlab",
+        f"storage.endpoint_url={s3_server.endpoint}",
+        env=s3_server.env(),
+        timeout=FAIL_FAST_S,
+    )
+    fails_in_one_line(result, "s3://no-such-bucket/litlab", "bucket 'no-such-bucket' does not exist")
+    assert not run_dirs(log_dir)
+
+
+def test_s3_bad_credentials_fail_and_keep_earlier_objects(log_dir, s3_server):
+    bucket = s3_server.create_bucket("bad-credentials")
+    s3_server.client().put_object(Bucket=bucket, Key="litlab/earlier/last.ckpt", Body=b"earlier")
+    env = {**s3_server.env(), "AWS_ACCESS_KEY_ID": "AKIANOTAREALKEY00000", "AWS_SECRET_ACCESS_KEY": "wrong"}
+    env["AWS_ENDPOINT_URL_S3"] = s3_server.endpoint  # the endpoint from the standard variable this time
+    result = litlab(
+        "litlab-train", "storage=s3", f"storage.root=s3://{bucket}/litlab", env=env, timeout=FAIL_FAST_S
+    )
+    line = fails_in_one_line(result, f"s3://{bucket}/litlab", "access denied")
+    assert "wrong" not in line
+    assert s3_server.objects(bucket) == {"litlab/earlier/last.ckpt": b"earlier"}
+
+
+def test_s3_endpoint_that_never_answers_fails_within_seconds(log_dir, s3_server):
+    # A listening socket that never accepts: connections hang, as with a firewalled endpoint.
+    with socket.socket() as black_hole:
+        black_hole.bind(("127.0.0.1", 0))
+        black_hole.listen(16)
+        endpoint = f"http://127.0.0.1:{black_hole.getsockname()[1]}"
+        result = litlab(
+            "litlab-train",
+            "storage=s3",
+            "storage.root=s3://ckpts/litlab",
+            f"storage.endpoint_url={endpoint}",
+            env=s3_server.env(),
+            timeout=FAIL_FAST_S,
+        )
+    fails_in_one_line(result, "s3://ckpts/litlab", endpoint, "unreachable")
+    assert not run_dirs(log_dir)
+
+
+def test_resume_from_a_missing_checkpoint_fails_in_one_line(log_dir, tmp_path):
+    missing = tmp_path / "nowhere" / "last.ckpt"
+    result = litlab("litlab-train", f"resume={missing}", timeout=FAIL_FAST_S)
+    fails_in_one_line(result, f"resume={missing}", "resume=auto", "resume=never")
+
+
+def test_atomic_checkpoint_write_keeps_the_old_file_when_the_write_fails(tmp_path):
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full, say")
+
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "weights": torch.ones(3)}, target)
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"step": 2, "weights": torch.zeros(3), "bad": Unpicklable()}, target)
+    assert torch.load(target, weights_only=True)["step"] == 1
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"], "no temporary file left behind"
+
+
+def test_checkpoints_are_listed_newest_first_and_temporaries_removed(tmp_path):
+    storage = RunStorage(str(tmp_path), "run")
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for age, name in enumerate(["last.ckpt", "epoch=001-step=000040.ckpt", "epoch=000-step=000020.ckpt"]):
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (1_000_000 - age, 1_000_000 - age))
+    (folder / ".last.ckpt.abc123.tmp").write_bytes(b"half a checkpoint")
+    names = [Path(url).name for url, _ in storage.checkpoints()]
+    assert names == ["last.ckpt", "epoch=001-step=000040.ckpt", "epoch=000-step=000020.ckpt"]
+    assert storage.remove_temporaries() == [str(folder / ".last.ckpt.abc123.tmp")]
+    assert not (folder / ".last.ckpt.abc123.tmp").exists()

@@ -1,0 +1,198 @@
+"""Every sweep job runs exactly as it would alone, whatever ran before it in the same process.
+
+Real multiruns (``litlab-train -m``) whose jobs mix device counts, strategies, process-wide torch
+flags, the batch-size finder, ``oom=auto_shrink`` and a job the non-finite guard stops. Each job is
+compared with the same settings run alone, as a fresh ``litlab-train`` process: the same world
+size, the same checkpoints written, bitwise-equal final weights, equal metrics and the same torch
+flags while training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, ranks_that_joined
+
+pytestmark = pytest.mark.slow
+
+CASES = Path(__file__).parents[1] / "configs"  # tests/configs/isolation_case/*.yaml
+SEARCHPATH = f"hydra.searchpath=[file://{CASES}]"
+# Tiny, but two epochs: the weights after the second depend on everything the first one did.
+BASE = ["model=mlp", "trainer.max_epochs=2", *(t for t in TINY if not t.startswith("trainer.max_epochs="))]
+ENV = {**FAULTS_IMPORTABLE, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# Settings and what they mean for a run: the fields of summary.json that must match.
+SAME = ("status", "world_size", "devices", "num_nodes", "global_step", "epochs", "micro_batch_size")
+SAME += ("accumulate_grad_batches", "effective_batch_size", "torch_flags")
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    summary: dict
+    checkpoints: list[str]  # the names of the checkpoint files the run wrote
+    weights: dict[str, torch.Tensor]  # of last.ckpt: the state training ended in
+
+
+def outcome_of(run_dir: Path) -> Outcome:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    folder = Path(summary["checkpoints"]["dir"])
+    checkpoints = sorted(p.name for p in folder.glob("*.ckpt"))
+    last = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    return Outcome(run_dir, summary, checkpoints, last["state_dict"])
+
+
+def command(*overrides: str) -> list[str]:
+    return [str(BIN / "litlab-train"), *overrides]
+
+
+def run_alone(settings: list[list[str]], root: Path) -> list[Outcome]:
+    """Each settings list as its own fresh ``litlab-train`` process (two at a time, on 2 cores)."""
+    outcomes: list[Outcome | None] = [None] * len(settings)
+    pending = list(enumerate(settings))
+    while pending:
+        batch, pending = pending[:2], pending[2:]
+        started = []
+        for index, overrides in batch:
+            log_dir = root / f"alone-{index}"
+            env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(log_dir)}
+            process = subprocess.Popen(
+                command(*overrides),
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            started.append((index, log_dir, process))
+        for index, log_dir, process in started:
+            output, _ = process.communicate(timeout=300)
+            runs = log_dir / "train" / "runs"
+            assert runs.is_dir(), f"{overrides} made no run directory:\n{output[-3000:]}"
+            (run_dir,) = runs.iterdir()
+            outcomes[index] = outcome_of(run_dir)
+            outcomes[index].summary["output_tail"] = output[-2000:]
+    return outcomes
+
+
+def run_sweep(root: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, list[Outcome]]:
+    log_dir = root / "sweep"
+    env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(log_dir)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    result = subprocess.run(
+        command(*overrides), env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    (sweep_dir,) = (log_dir / "train" / "multiruns").iterdir()
+    jobs = sorted((d for d in sweep_dir.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    return result, [outcome_of(job) for job in jobs]
+
+
+def error_of(outcome: Outcome) -> str | None:
+    """The run's error, with its own checkpoint folder (which the message may name) left out."""
+    error = outcome.summary["error"]
+    return error and error.replace(outcome.summary["checkpoints"]["dir"], "<checkpoints>")
+
+
+def assert_same_run(job: Outcome, alone: Outcome, label: str) -> None:
+    """The job did what the same settings do alone: same world, checkpoints, weights, metrics."""
+    context = f"{label}: job {job.run_dir} vs alone {alone.run_dir}\n{alone.summary.get('output_tail', '')}"
+    for key in SAME:
+        assert job.summary.get(key) == alone.summary.get(key), f"{key} differs; {context}"
+    assert job.summary["metrics"] == alone.summary["metrics"], context
+    assert error_of(job) == error_of(alone), context
+    assert job.checkpoints == alone.checkpoints, context
+    assert job.weights.keys() == alone.weights.keys(), context
+    for name, tensor in job.weights.items():
+        assert torch.equal(tensor, alone.weights[name]), f"weights {name} differ; {context}"
+
+
+def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
+    """The README's precision x device-count sweep (tiny): devices 1, then 2, then 1, then 2."""
+    result, jobs = run_sweep(
+        tmp_path,
+        "sweep=precision_accumulation",
+        "precision=fp32,bf16",
+        "trainer.accumulate_grad_batches=1",
+        "trainer.devices=1,2",
+        "strategy=ddp",
+        *BASE,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    grid = [(precision, devices) for precision in ("fp32", "bf16") for devices in (1, 2)]
+    assert [(j.summary["groups"]["precision"], j.summary["devices"]) for j in jobs] == grid
+    alone = run_alone(
+        [[f"precision={p}", f"trainer.devices={d}", "strategy=ddp", *BASE] for p, d in grid], tmp_path
+    )
+    for job, reference, (precision, devices) in zip(jobs, alone, grid, strict=True):
+        label = f"precision={precision} trainer.devices={devices}"
+        assert job.summary["status"] == "completed", label
+        # Every rank of this job joined one process group of the job's size, and no other one.
+        assert ranks_that_joined(job.run_dir) == [f"{r} {r + 1}/{devices}" for r in range(devices)], label
+        assert len(job.summary["memory"]["peak_rss_mib_per_rank"]) == devices, label
+        assert "last.ckpt" in job.checkpoints, label
+        assert_same_run(job, reference, label)
+
+
+MIXED = [
+    "flags",  # deterministic algorithms, cudnn benchmark, anomaly mode: set for the whole process
+    "plain_1",  # strategy=auto, one device, right after them
+    "ddp2",  # two ranks, after a one-device job
+    "ddp1",  # one rank of DDP (a process group, its variables), after two
+    "plain_2",
+    "tune",  # the batch-size finder
+    "plain_3",
+    "nonfinite",  # stopped by the non-finite guard: a failed job
+    "plain_4",
+    "shrink",  # oom=auto_shrink retries the fit with smaller micro-batches
+    "plain_5",
+]
+
+
+def test_mixed_sweep_jobs_each_match_the_same_settings_run_alone(tmp_path):
+    result, jobs = run_sweep(tmp_path, "-m", SEARCHPATH, "+isolation_case=" + ",".join(MIXED), *BASE)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # the nonfinite job failed
+    assert [j.summary["groups"]["isolation_case"] for j in jobs] == MIXED
+    # The plain_N cases are the same settings under different names: plain_1 alone stands for all.
+    same_as = {case: "plain_1" if case.startswith("plain") else case for case in MIXED}
+    distinct = list(dict.fromkeys(same_as.values()))
+    references = run_alone([[SEARCHPATH, f"+isolation_case={case}", *BASE] for case in distinct], tmp_path)
+    alone = dict(zip(distinct, references, strict=True))
+    assert alone["nonfinite"].summary["status"] == "failed"
+    assert alone["flags"].summary["torch_flags"] != alone["plain_1"].summary["torch_flags"]
+    for job, case in zip(jobs, MIXED, strict=True):
+        assert_same_run(job, alone[same_as[case]], case)
+
+
+def test_a_run_whose_process_group_is_smaller_than_its_world_fails_in_one_line(tmp_path):
+    # LOCAL_RANK set: Lightning takes the ranks as started by someone else, launches none, and finds
+    # the datamodule's one-member group already there, as in a process an earlier job had used.
+    env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(tmp_path / "logs"), "LOCAL_RANK": "0"}
+    overrides = [
+        "strategy=ddp",
+        "trainer.devices=2",
+        "data._target_=tests.faults.DigitsInALeftoverProcessGroup",
+    ]
+    result = subprocess.run(
+        command(*overrides, *BASE), env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == (
+        "litlab: error: the run did not happen as configured: trainer.world_size is 2 (devices x nodes) "
+        "but its process group had 1 member"
+    ), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    outcome = json.loads((run_dir / "summary.json").read_text())
+    assert outcome["status"] == "failed" and outcome["error"] in last_line
+    assert outcome["world"] == {
+        "configured_world_size": 2,
+        "process_group_size": 1,
+        "optimizer_steps_per_rank": [outcome["global_step"]],
+    }

@@ -1,0 +1,259 @@
+"""Real multiruns through ``litlab-train -m``: reports, failures, joblib, DDP jobs, Optuna.
+
+Each sweep is a real Hydra multirun in a subprocess with tiny settings; the assertions recompute
+what the report says from the runs' own summary.json files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import TINY, litlab, ok
+
+# Enough batches for a steady-state throughput (RunStats skips 5 warm-up batches); the MLP keeps
+# bf16 on CPU (slow for convolutions) quick.
+SWEEP_TINY = [t for t in TINY if not t.startswith("trainer.limit_train_batches")] + [
+    "trainer.limit_train_batches=8",
+    "model=mlp",
+]
+RANK_LINE = re.compile(r"\[rank (\d+)\]\[litlab\]\[INFO\] run (\S+) in ")
+
+
+def sweep(tmp_path: Path, *args: str, expect_ok: bool = True):
+    """Run ``litlab-train`` (a multirun) with a private log folder; returns (result, sweep dir)."""
+    log_dir = tmp_path / "logs"
+    # One torch thread per process: these tests start several processes on 2 cores, where more
+    # threads only contend (README, "joblib").
+    env = {"LITLAB_LOG_DIR": str(log_dir), "OMP_NUM_THREADS": "1"}
+    result = litlab("litlab-train", *args, env=env, timeout=480)
+    if expect_ok:
+        ok(result)
+    sweeps = sorted((log_dir / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 1, sweeps  # one sweep directory, however many processes ran
+    return result, sweeps[0]
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted((d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()), key=lambda d: int(d.name))
+
+
+def summaries(sweep_dir: Path) -> list[dict]:
+    return [json.loads((job / "summary.json").read_text()) for job in job_dirs(sweep_dir)]
+
+
+def report_rows(directory: Path) -> list[dict[str, str]]:
+    with (directory / "report.csv").open() as file:
+        return list(csv.DictReader(file))
+
+
+def rank_lines(job_dir: Path) -> list[tuple[int, str]]:
+    """(rank, run identity) of every process that started training in this job directory."""
+    return [(int(m[1]), m[2]) for m in RANK_LINE.finditer((job_dir / "train.log").read_text())]
+
+
+def close(value: str, expected: float) -> bool:
+    return math.isclose(float(value), expected, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory) -> Path:
+    """The sweep file with both axes replaced: precision {fp32, bf16} x accumulation {1, 2}."""
+    tmp_path = tmp_path_factory.mktemp("grid")
+    _, sweep_dir = sweep(
+        tmp_path,
+        "sweep=precision_accumulation",
+        "precision=fp32,bf16",
+        "trainer.accumulate_grad_batches=1,2",
+        *SWEEP_TINY,
+    )
+    return sweep_dir
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory) -> tuple[str, Path]:
+    tmp_path = tmp_path_factory.mktemp("joblib")
+    result, sweep_dir = sweep(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "trainer.accumulate_grad_batches=1,2",
+        *SWEEP_TINY,
+    )
+    return result.stdout, sweep_dir
+
+
+@pytest.mark.slow
+def test_grid_sweep_report_matches_the_runs_own_numbers(grid_sweep):
+    runs = summaries(grid_sweep)
+    assert [(s["groups"]["precision"], s["accumulate_grad_batches"]) for s in runs] == [
+        ("fp32", 1),
+        ("fp32", 2),
+        ("bf16", 1),
+        ("bf16", 2),
+    ]
+    for name in ("report.md", "report.csv", "report.png"):
+        assert (grid_sweep / name).stat().st_size > 0
+    assert (grid_sweep / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    rows = report_rows(grid_sweep)
+    (base,) = [s for s in runs if s["groups"]["precision"] == "fp32" and s["accumulate_grad_batches"] == 1]
+    assert [r["is_baseline"] for r in rows] == ["True", "False", "False", "False"]
+    for row, run in zip(rows, runs, strict=True):
+        assert row["status"] == "completed"
+        assert row["precision_requested"] == run["precision"]["requested"]
+        assert row["precision_effective"] == run["precision"]["effective"]
+        assert int(row["effective_batch_size"]) == run["micro_batch_size"] * run["accumulate_grad_batches"]
+        throughput = run["throughput"]["samples_per_second"]
+        assert throughput > 0
+        assert close(row["samples_per_second"], throughput)
+        assert close(row["speed_up"], throughput / base["throughput"]["samples_per_second"])
+        assert close(row["memory_ratio"], run["memory"]["peak_mib"] / base["memory"]["peak_mib"])
+        assert close(row["delta_val/acc"], run["metrics"]["val/acc"] - base["metrics"]["val/acc"])
+        assert close(row["test/acc"], run["metrics"]["test/acc"])
+        assert row["baseline"] == "#0"
+    table = [line for line in (grid_sweep / "report.md").read_text().splitlines() if line.startswith("| #")]
+    assert len(table) == 4
+    assert ["**baseline**" in line for line in table] == [True, False, False, False]
+    assert (
+        "![throughput and peak memory per configuration](report.png)"
+        in (grid_sweep / "report.md").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_path):
+    # Job 0 cannot split a global batch of 96 into accumulation 5; job 1 still runs (micro-batch 48).
+    result, sweep_dir = sweep(
+        tmp_path,
+        "-m",
+        "data.global_batch_size=96",
+        "trainer.accumulate_grad_batches=5,2",
+        *SWEEP_TINY,
+        expect_ok=False,
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    failed, completed = summaries(sweep_dir)
+    assert failed["status"] == "failed"
+    assert "data.global_batch_size=96" in failed["error"] and "5" in failed["error"]
+    assert completed["status"] == "completed"
+    assert (completed["micro_batch_size"], completed["effective_batch_size"]) == (48, 96)
+
+    rows = report_rows(sweep_dir)
+    assert [r["status"] for r in rows] == ["failed", "completed"]
+    assert rows[0]["error"] == failed["error"]
+    assert failed["error"] in (sweep_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_jobs_at_the_same_time(joblib_sweep):
+    stdout, sweep_dir = joblib_sweep
+    assert "Joblib.Parallel(n_jobs=2" in stdout
+    first, second = job_dirs(sweep_dir)
+
+    def span(job: Path) -> tuple[int, int]:
+        # Hydra writes .hydra/ when the job starts (before its imports), litlab summary.json at its end.
+        assert len(rank_lines(job)) == 1  # one process trained here, and only this job's lines
+        return (job / ".hydra" / "config.yaml").stat().st_mtime_ns, (job / "summary.json").stat().st_mtime_ns
+
+    (start_a, end_a), (start_b, end_b) = span(first), span(second)
+    assert start_a < end_b and start_b < end_a  # each job began before the other ended
+    assert [r["status"] for r in report_rows(sweep_dir)] == ["completed", "completed"]
+
+
+@pytest.mark.slow
+def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tmp_path):
+    _, second = joblib_sweep
+    out = tmp_path / "comparison"
+    ok(litlab("litlab-compare", str(grid_sweep), str(second), "--out", str(out)))
+    rows = report_rows(out)
+    runs = summaries(grid_sweep) + summaries(second)
+    assert len(rows) == len(runs) == 6
+    assert [r["run"] for r in rows] == [f"{grid_sweep.name}/{i}" for i in range(4)] + [
+        f"{second.name}/{i}" for i in range(2)
+    ]
+    # Same settings, same device count: the first matching run (the grid's fp32, accumulation 1)
+    # is the baseline of both sweeps' rows.
+    base = runs[0]
+    assert {r["baseline"] for r in rows} == {f"{grid_sweep.name}/0"}
+    for row, run in zip(rows, runs, strict=True):
+        speed_up = run["throughput"]["samples_per_second"] / base["throughput"]["samples_per_second"]
+        assert close(row["speed_up"], speed_up)
+    assert (out / "report.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ddp_multirun_runs_each_job_once_with_two_ranks(tmp_path):
+    result, sweep_dir = sweep(
+        tmp_path,
+        "-m",
+        "precision=fp32,bf16",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "strategy=ddp",
+        *TINY,
+    )
+    assert result.stdout.count("Launching 2 jobs") == 1  # no rank started a sweep of its own
+    assert not (tmp_path / "logs" / "train" / "runs").exists()  # no stray single-run directories
+    jobs = job_dirs(sweep_dir)
+    assert [j.name for j in jobs] == ["0", "1"]
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
+    for job, precision in zip(jobs, ["fp32", "bf16"], strict=True):
+        lines = rank_lines(job)
+        assert sorted(rank for rank, _ in lines) == [0, 1], lines  # exactly one process per rank
+        assert len({identity for _, identity in lines}) == 1  # both ranks ran the same job
+        result = json.loads((job / "summary.json").read_text())
+        assert (result["status"], result["world_size"], result["groups"]["precision"]) == (
+            "completed",
+            2,
+            precision,
+        )
+        assert result["sweep"] == {
+            "dir": str(sweep_dir),
+            "job_num": int(job.name),
+            "process": "own",
+            "own_process_reason": "2 ranks",
+        }
+        assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
+    assert len(list((tmp_path / "logs" / "storage").iterdir())) == 2
+    assert len(report_rows(sweep_dir)) == 2
+
+
+@pytest.mark.slow
+def test_optuna_search_with_ddp_samples_once_per_trial(tmp_path):
+    result, sweep_dir = sweep(
+        tmp_path,
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=3",
+        "trainer.devices=2",
+        "strategy=ddp",
+        *TINY,
+    )
+    assert result.stdout.count("Launching 1 jobs") == 3
+    jobs = job_dirs(sweep_dir)
+    assert len(jobs) == 3
+    identities, values = [], []
+    for job in jobs:
+        lines = rank_lines(job)
+        assert sorted(rank for rank, _ in lines) == [0, 1], lines
+        (identity,) = {identity for _, identity in lines}  # the ranks agree on the sampled overrides
+        identities.append(identity)
+        run = json.loads((job / "summary.json").read_text())
+        assert run["status"] == "completed" and run["world_size"] == 2
+        sampled = dict(o.split("=", 1) for o in run["overrides"] if o.startswith(("optimizer.", "data.")))
+        assert 1e-4 <= float(sampled["optimizer.lr"]) <= 1e-1
+        assert run["micro_batch_size"] == int(sampled["data.batch_size"]) in (16, 32, 64, 128)
+        values.append((run["metrics"]["val/acc"], sampled))
+    assert len(set(identities)) == 3  # three different samples
+    best = OmegaConf.to_container(OmegaConf.load(sweep_dir / "optimization_results.yaml"))
+    best_value, best_sample = max(values, key=lambda v: v[0])
+    assert math.isclose(best["best_value"], best_value, rel_tol=1e-9)
+    assert {k: str(v) for k, v in best["best_params"].items()} == best_sample
+    assert len(report_rows(sweep_dir)) == 3

@@ -1,0 +1,173 @@
+"""Real training runs through ``litlab-train`` (subprocesses, tiny settings unless stated)."""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, summary
+
+
+@pytest.mark.slow
+def test_default_experiment_reaches_90_percent_test_accuracy(log_dir):
+    ok(litlab("litlab-train"))
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert result["status"] == "completed"
+    assert result["groups"]["model"] == "cnn" and result["groups"]["data"] == "digits"
+    assert result["metrics"]["test/acc"] >= 0.90
+    assert (run / "tensorboard").is_dir()
+    assert list((run / "checkpoints").glob("*.ckpt"))
+
+
+def test_overrides_reach_the_trainer_and_the_summary(log_dir):
+    ok(
+        litlab(
+            "litlab-train",
+            "model=mlp",
+            "precision=bf16",
+            "trainer.max_epochs=3",
+            "trainer.limit_train_batches=8",
+            "trainer.accumulate_grad_batches=4",
+            "data.batch_size=32",
+            "logger=csv",
+        )
+    )
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert result["groups"]["model"] == "mlp"
+    assert result["precision"] == {"requested": "bf16-mixed", "effective": "bf16-mixed"}
+    assert (result["micro_batch_size"], result["accumulate_grad_batches"]) == (32, 4)
+    assert result["effective_batch_size"] == 128
+    assert result["epochs"] == 3
+    assert result["global_step"] == 3 * 2  # 8 batches per epoch / accumulation 4
+    assert result["versions"]["lightning"] and result["versions"]["torch"]
+    assert (run / ".hydra" / "overrides.yaml").is_file()
+    train_log = (run / "train.log").read_text()
+    assert "[rank 0]" in train_log and "effective batch 128" in train_log
+    assert (run / "csv" / "metrics.csv").is_file()
+
+
+def test_global_batch_size_derives_the_micro_batch(log_dir):
+    ok(litlab("litlab-train", "data.global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert (result["micro_batch_size"], result["effective_batch_size"]) == (32, 96)
+
+
+@pytest.mark.slow
+def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
+    ok(litlab("litlab-train", "trainer.devices=2", "strategy=ddp", *TINY[:-1], "logger=tensorboard"))
+    runs = run_dirs(log_dir)
+    assert len(runs) == 1, runs
+    (run,) = runs
+    assert len(list((log_dir / "storage").iterdir())) == 1  # one checkpoints/ folder
+    # One TensorBoard log: one log directory, written by one process (rank 0) only.
+    events = list(log_dir.glob("**/events.out.tfevents.*"))
+    assert {e.parent for e in events} == {run / "tensorboard"}
+    assert len({e.name.split(".")[4] for e in events}) == 1  # events.out.tfevents.<time>.<host>.<pid>.<n>
+    assert len(list(log_dir.glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+    result = summary(run)
+    assert (result["world_size"], result["devices"], result["strategy"]) == (2, 2, "ddp")
+    assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
+    train_log = (run / "train.log").read_text()
+    assert "[rank 0]" in train_log and "[rank 1]" in train_log
+
+
+def epoch_metrics(run: Path) -> dict[str, float]:
+    """The first epoch's train/loss and train/acc from the run's CSV log."""
+    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    return {key: float(next(row[key] for row in rows if row.get(key))) for key in ("train/loss", "train/acc")}
+
+
+@pytest.mark.slow
+def test_training_epoch_metrics_count_every_rank_once(log_dir):
+    # A frozen model (lr 1e-30 moves no float32 weight; no dropout) over one whole epoch whose 810
+    # samples split evenly over 2 ranks: one device and 2 DDP ranks see the same samples, so the
+    # epoch's loss and accuracy must agree, which they only do if every rank's sums are added up.
+    frozen = [
+        "model=mlp",
+        "model.net.dropout=0",
+        "optimizer.lr=1e-30",
+        "data.test_fraction=0.4",  # 1797 - 718 test - 269 validation = 810 training samples
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "trainer.num_sanity_val_steps=0",
+        "test_after_fit=false",
+        "logger=csv",
+    ]
+    ok(litlab("litlab-train", *frozen, "run_name=one-device"))
+    ok(litlab("litlab-train", *frozen, "trainer.devices=2", "strategy=ddp", "run_name=two-ranks"))
+    one, two = (
+        epoch_metrics(run) for run in sorted(run_dirs(log_dir), key=lambda r: summary(r)["world_size"])
+    )
+    assert 0.0 < one["train/acc"] < 1.0
+    assert two["train/acc"] == one["train/acc"]
+    assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_eval_reports_the_test_metric_training_reported(log_dir):
+    ok(litlab("litlab-train", "trainer.max_epochs=1", "trainer.limit_train_batches=6", "logger=none"))
+    (run,) = run_dirs(log_dir)
+    trained = summary(run)
+    # With one epoch the best checkpoint and last.ckpt hold the same weights.
+    ok(litlab("litlab-eval", f"ckpt_path={run}/checkpoints/last.ckpt"))
+    (evaluation,) = run_dirs(log_dir, "eval")
+    metrics = json.loads((evaluation / "eval.json").read_text())["metrics"]
+    assert trained["checkpoints"]["tested"] != trained["checkpoints"]["last"]
+    assert abs(metrics["test/acc"] - trained["metrics"]["test/acc"]) <= 1e-6
+    assert abs(metrics["test/loss"] - trained["metrics"]["test/loss"]) <= 1e-6
+
+
+def test_runs_started_in_the_same_second_get_different_directories(log_dir):
+    import subprocess
+    import sys
+
+    # Two processes resolve the run-dir pattern at the same moment, as two launches would.
+    code = (
+        "from hydra import compose, initialize_config_dir; from omegaconf import OmegaConf;"
+        "from litlab.config import schema; from litlab.config.preflight import CONFIG_DIR; schema.register();"
+        "initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3');"
+        "cfg = compose('train', return_hydra_config=True, overrides=['hydra.runtime.cwd=/']);"
+        "from hydra.core.hydra_config import HydraConfig; HydraConfig.instance().set_config(cfg);"
+        "print(cfg.hydra.run.dir)"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    dirs = [p.communicate(timeout=60)[0].strip() for p in processes]
+    assert all(d.startswith(str(log_dir / "train" / "runs")) for d in dirs), dirs
+    assert dirs[0] != dirs[1]
+
+
+def nvml_loads() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_probe(log_dir, tmp_path):
+    # Measured reasons (README "What litlab costs"): a full garbage collection walked torch's and
+    # Lightning's ~500k import-time objects (0.3 s pauses); and on machines without NVML, torch's
+    # Adam re-tried loading it at every step because Lightning's import asks for NVML-based checks.
+    report = tmp_path / "process.json"
+    env = {**FAULTS_IMPORTABLE, "LITLAB_TEST_REPORT": str(report)}
+    ok(
+        litlab(
+            "litlab-train",
+            "model=mlp",
+            "model.net._target_=tests.faults.MLPReportingItsProcess",
+            *TINY,
+            env=env,
+        )
+    )
+    state = json.loads(report.read_text())
+    assert state["frozen_objects"] > 100_000
+    assert state["nvml_based_cuda_check"] == ("1" if nvml_loads() else None)

@@ -1,0 +1,165 @@
+"""The example datasets, and the engine's resumable loaders (TensorBatches, ResumableDataLoader)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from litlab.data import ResumableDataLoader, TensorBatches
+from project.vision.data import DigitsDataModule, SyntheticDataModule
+
+
+def test_digits_split_is_deterministic_and_disjoint():
+    first, second = (DigitsDataModule(split_seed=3) for _ in range(2))
+    first.setup(), second.setup()
+    for split in ("train", "val", "test"):
+        assert torch.equal(first.splits[split][0], second.splits[split][0])
+    sizes = [len(first.splits[s][1]) for s in ("train", "val", "test")]
+    assert sum(sizes) == 1797 and sizes[1] == sizes[2] == int(1797 * 0.15)
+
+
+def test_synthetic_data_has_the_asked_shape_and_learnable_labels():
+    data = SyntheticDataModule(image_shape=[3, 16, 12], num_classes=5, num_samples=300)
+    data.setup()
+    images, labels = data.splits["train"]
+    assert images.shape[1:] == (3, 16, 12)
+    assert set(labels.tolist()) <= set(range(5)) and len(set(labels.tolist())) > 1
+
+
+def test_loader_resumes_exactly_where_it_stopped():
+    images, labels = torch.randn(50, 1, 4, 4), torch.arange(50)
+    full = TensorBatches((images, labels), 8, shuffle=True, seed=1)
+    full.set_epoch(2)
+    expected = [y.tolist() for _, y in full]
+
+    interrupted = TensorBatches((images, labels), 8, shuffle=True, seed=1)
+    interrupted.set_epoch(2)
+    batches = iter(interrupted)
+    seen = [next(batches)[1].tolist() for _ in range(3)]
+    state = interrupted.state_dict()
+
+    resumed = TensorBatches((images, labels), 8, shuffle=True, seed=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert seen + [y.tolist() for _, y in resumed] == expected
+
+    # A state taken after the epoch's last batch starts the next epoch from its beginning.
+    finished = TensorBatches((images, labels), 8, shuffle=True, seed=1)
+    finished.load_state_dict({"epoch": 2, "consumed": len(full)})
+    assert len(list(finished)) == len(full)
+
+
+def test_ranks_share_the_epoch_without_overlap():
+    labels = torch.arange(21)
+    shards = [
+        TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=True, rank=r, world_size=2)
+        for r in (0, 1)
+    ]
+    seen = [torch.cat([y for _, y in shard]).tolist() for shard in shards]
+    assert len(seen[0]) == len(seen[1]) == 11  # padded to equal steps
+    assert set(seen[0]) | set(seen[1]) == set(range(21))
+    evaluation = [
+        TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=False, rank=r, world_size=2)
+        for r in (0, 1)
+    ]
+    counted = sorted(torch.cat([y for s in evaluation for _, y in s]).tolist())
+    assert counted == list(range(21))  # evaluation counts every sample exactly once
+
+
+def test_augmentation_is_reproducible_and_leaves_the_global_rng_alone():
+    images = torch.rand(16, 1, 8, 8)
+
+    def augmented() -> list[torch.Tensor]:
+        loader = TensorBatches(
+            (images, torch.arange(16)), 4, shuffle=True, seed=5, transform=v2.RandomAffine(20)
+        )
+        return [x for x, _ in loader]
+
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    first = augmented()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert all(torch.equal(a, b) for a, b in zip(first, augmented(), strict=True))
+    plain = [x for x, _ in TensorBatches((images, torch.arange(16)), 4, shuffle=True, seed=5)]
+    assert not torch.equal(first[0], plain[0])  # the same batch, transformed
+
+
+class NoisySquares(torch.utils.data.Dataset):
+    """Index i, and a random number drawn when the sample is read (like a random augmentation)."""
+
+    def __len__(self) -> int:
+        return 37
+
+    def __getitem__(self, index: int) -> tuple[int, float]:
+        return index, float(torch.rand(()))
+
+
+def batches(loader, count: int | None = None) -> list[tuple[list[int], list[float]]]:
+    out = []
+    for indices, noise in loader:
+        out.append((indices.tolist(), noise.tolist()))
+        if count is not None and len(out) == count:
+            break
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in process", "2 workers"])
+def test_resumable_dataloader_continues_mid_epoch_with_the_same_samples_and_random_numbers(workers):
+    def loader() -> ResumableDataLoader:
+        made = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3, num_workers=workers)
+        made.sampler.set_epoch(1)  # Lightning sets the epoch before each epoch
+        return made
+
+    expected = batches(loader())
+    interrupted = loader()
+    seen = batches(interrupted, count=3)
+    state = interrupted.state_dict()
+    resumed = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3, num_workers=workers)
+    resumed.load_state_dict(state)  # Lightning restores, iterates, then sets the epoch: as here
+    rest = iter(resumed)
+    resumed.sampler.set_epoch(1)
+    assert seen + batches(rest) == expected
+    assert sorted(i for indices, _ in expected for i in indices) == list(range(37))
+
+
+def test_resumable_dataloader_order_depends_only_on_seed_and_epoch():
+    def epoch_order(epoch: int, seed: int = 3) -> list[int]:
+        made = ResumableDataLoader(NoisySquares(), batch_size=5, shuffle=True, seed=seed)
+        made.sampler.set_epoch(epoch)
+        return [i for indices, _ in batches(made) for i in indices]
+
+    assert epoch_order(2) == epoch_order(2)
+    assert epoch_order(2) != epoch_order(3) and epoch_order(2) != epoch_order(2, seed=4)
+    assert sorted(epoch_order(5)) == list(range(37))
+
+
+def test_resumable_dataloader_position_of_an_earlier_epoch_starts_the_next_one_at_its_first_batch():
+    # Saved after epoch 1's 3rd batch (the end of a limit_train_batches=3 epoch), resumed into epoch 2.
+    interrupted = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3)
+    interrupted.sampler.set_epoch(1)
+    batches(interrupted, count=3)
+    state = interrupted.state_dict()
+    resumed = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3)
+    resumed.load_state_dict(state)
+    rest = iter(resumed)
+    resumed.sampler.set_epoch(2)
+    fresh = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3)
+    fresh.sampler.set_epoch(2)
+    assert batches(rest) == batches(fresh)
+
+
+def test_digits_read_from_the_data_file_equal_load_digits(monkeypatch):
+    import importlib.util
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from project.vision import data as digits
+
+    fast = digits._digits_table()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if the file had moved
+    fallback = digits._digits_table()
+    reference = load_digits()
+    assert np.array_equal(fast, fallback)
+    assert np.array_equal(fast[:, :-1], reference.data) and np.array_equal(fast[:, -1], reference.target)

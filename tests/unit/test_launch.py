@@ -1,0 +1,101 @@
+"""Where sweep jobs run and who started the ranks: decided from the config and the start environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hydra.types import RunMode
+
+from tests.conftest import compose_train
+
+
+def test_sweep_and_search_configs_compose_as_multiruns(tmp_path):
+    grid = compose_train(["sweep=precision_accumulation"], tmp_path)
+    search = compose_train(["hparams_search=optuna"], tmp_path)
+    joblib = compose_train(["hydra/launcher=joblib"], tmp_path)
+    assert grid.hydra.mode == RunMode.MULTIRUN and search.hydra.mode == RunMode.MULTIRUN
+    assert dict(grid.hydra.sweeper.params) == {
+        "precision": "fp32,fp16,bf16",
+        "trainer.accumulate_grad_batches": "1,2,4",
+    }
+    assert search.hydra.sweeper._target_.endswith("OptunaSweeper")
+    assert search.hydra.sweeper.storage is None  # optuna 2.10's SQLite storage fails under SQLAlchemy 2
+    assert set(search.hydra.sweeper.params) == {"optimizer.lr", "data.batch_size"}
+    assert joblib.hydra.launcher._target_.endswith("JoblibLauncher")
+    assert grid.hydra.callbacks.report._target_ == "litlab.report.callback.SweepReport"
+    assert search.hydra.sweeper.direction == "maximize"  # optimized_metric_mode: max
+    assert (
+        compose_train(
+            ["hparams_search=optuna", "optimized_metric_mode=min"], tmp_path
+        ).hydra.sweeper.direction
+        == "minimize"
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides,own_process",
+    [
+        ([], False),  # one device, strategy=auto: in the sweep's process, its changes restored
+        (["precision=bf16", "trainer.deterministic=true", "trainer.benchmark=true"], False),
+        (["tune.batch_size=true"], False),
+        (["oom=auto_shrink"], False),
+        (["strategy=ddp", "trainer.devices=2"], True),
+        (["strategy=ddp", "trainer.devices=1"], True),  # a process group, even for one rank
+        (["strategy=auto", "trainer.devices=2"], True),  # Lightning picks ddp and re-runs the command
+        (["strategy=fsdp", "trainer.devices=2"], True),
+        (["strategy=ddp_spawn", "trainer.devices=2"], True),
+        (["trainer.devices=auto", "trainer=gpu"], True),  # one rank per GPU: maybe several
+        (["trainer.num_nodes=2"], True),
+        (["compile=true"], True),  # torch.compile's caches are per process
+        (["sweep_isolation=process"], True),
+    ],
+)
+def test_a_job_gets_its_own_process_exactly_when_its_process_state_could_not_be_put_back(
+    overrides, own_process, tmp_path
+):
+    from litlab.launch.multirun import own_process_reason
+
+    cfg = compose_train(overrides, tmp_path)
+    reason = own_process_reason(cfg)
+    assert (reason is not None) is own_process, reason
+
+
+# What a one-device DDP job leaves in os.environ (Lightning sets these and never removes them).
+DDP_LEFTOVERS = {"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+
+
+@pytest.mark.parametrize(
+    "start_env,expected",
+    [
+        ({}, False),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train"}, True),  # srun started the ranks
+        ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, False),  # an interactive allocation
+        ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, True),  # torchrun
+        ({"SUBMITIT_LOCAL_NTASKS": "2"}, True),  # submitit's local executor
+        ({"LSB_JOBID": "1", "LSB_DJOB_RANKFILE": "f", "JSM_NAMESPACE_LOCAL_RANK": "0"}, True),  # LSF
+    ],
+)
+def test_who_started_the_ranks_is_decided_from_the_environment_the_process_started_with(
+    start_env, expected, monkeypatch
+):
+    from litlab.launch import ranks as launch
+
+    started_with = dict(os.environ)
+    monkeypatch.setattr(launch, "PROCESS_START_ENV", {**started_with, **start_env})
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "LSB_JOBID"):
+        if name not in start_env:
+            launch.PROCESS_START_ENV.pop(name, None)
+    # An earlier job of this process left DDP's variables behind: the answer must not change.
+    for name, value in DDP_LEFTOVERS.items():
+        monkeypatch.setenv(name, value)
+    assert launch.cluster_started_ranks() is expected
+    assert "LOCAL_RANK" in os.environ  # what the decision ignored
+
+
+def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeypatch):
+    from litlab.launch import ranks as launch
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launch.PROCESS_START_ENV is not os.environ
+    assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank

@@ -1,0 +1,33 @@
+"""One litlab run, in-process: ``litlab.cli.train.train_run`` on a composed config (single device).
+
+What a run writes (summary.json, checkpoints) is checked here without starting a process; the
+tests in tests/integration/ start ``litlab-train`` where the process itself is under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from litlab.cli.train import train_run
+from tests.conftest import TINY, compose_train
+
+
+def run_in_process(tmp_path: Path, *overrides: str) -> dict:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir)
+    train_run(cfg)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_the_summary_names_last_ckpt_when_the_best_checkpoint_is_an_earlier_one(tmp_path):
+    # mode=min on an accuracy that rises: the best checkpoint is the first epoch's, last.ckpt the last's.
+    summary = run_in_process(
+        tmp_path, "model=mlp", "optimized_metric_mode=min", "trainer.max_epochs=3", *TINY[1:]
+    )
+    checkpoints = summary["checkpoints"]
+    assert summary["status"] == "completed" and summary["epochs"] == 3
+    assert checkpoints["best"].endswith("epoch=000-step=000004.ckpt"), checkpoints
+    assert checkpoints["last"] == f"{checkpoints['dir']}/last.ckpt" and Path(checkpoints["last"]).is_file()
+    assert checkpoints["tested"] == checkpoints["best"]
