@@ -9,6 +9,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
+import warnings
 
 import torch
 
@@ -62,3 +64,48 @@ class DigitsInALeftoverProcessGroup(DigitsDataModule):
                 port = s.getsockname()[1]
             url = f"tcp://127.0.0.1:{port}"
             torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+
+
+class DigitsServedSlowly(DigitsDataModule):
+    """The digits with a train loader that takes 100 ms to hand out each batch, as a slow disk or an
+    image decoder on too few workers would: an input-bound run."""
+
+    delay_s = 0.1
+
+    def train_dataloader(self):
+        return _SlowBatches(super().train_dataloader(), self.delay_s)
+
+
+class _SlowBatches:
+    """A train loader that waits before each batch of the loader it wraps (and resumes as it does)."""
+
+    def __init__(self, loader, delay_s: float) -> None:
+        self.loader, self.delay_s = loader, delay_s
+        self.sampler, self.batch_sampler = loader.sampler, loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            time.sleep(self.delay_s)
+            yield batch
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.loader.load_state_dict(state)
+
+
+class MLPThatWarns(MLP):
+    """An MLP whose first training forward pass warns, as a user's own code may: litlab must let
+    such warnings through while it drops the known third-party ones."""
+
+    message = "tests.faults: a warning from the user's own code"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not getattr(self, "_warned", False):
+            self._warned = True
+            warnings.warn(self.message, UserWarning, stacklevel=2)
+        return super().forward(x)

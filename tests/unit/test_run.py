@@ -28,6 +28,6 @@ def test_the_summary_names_last_ckpt_when_the_best_checkpoint_is_an_earlier_one(
     )
     checkpoints = summary["checkpoints"]
     assert summary["status"] == "completed" and summary["epochs"] == 3
-    assert checkpoints["best"].endswith("epoch=000-step=000004.ckpt"), checkpoints
+    assert checkpoints["best"].endswith("epoch_000-step_000004.ckpt"), checkpoints
     assert checkpoints["last"] == f"{checkpoints['dir']}/last.ckpt" and Path(checkpoints["last"]).is_file()
     assert checkpoints["tested"] == checkpoints["best"]

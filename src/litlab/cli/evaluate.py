@@ -14,9 +14,12 @@ import hydra
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
+from litlab.cli import quiet, usage
+from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 
 schema.register()
+usage.register()  # --help (configs/hydra/help/eval.yaml)
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="eval")
@@ -38,6 +41,7 @@ def evaluate(cfg: DictConfig) -> float | None:
 
     log = logging.getLogger("litlab")
     route_lightning_logs_to_root()
+    quiet.drop_known_noise()
     with one_line_errors():  # not a checkpoint, another model's, no such GPU: one line, no traceback
         checkpoint = read_run_checkpoint(cfg.ckpt_path)
         stored = checkpoint[RUN_CONFIG_KEY]
@@ -68,10 +72,12 @@ def evaluate(cfg: DictConfig) -> float | None:
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
     result = {"ckpt_path": str(cfg.ckpt_path), "run_name": train_cfg.get("run_name"), "metrics": metrics}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    for name, value in metrics.items():
-        log.info("%s = %.6f", name, value)
     optimized = str(train_cfg.get("optimized_metric", ""))
-    return metrics.get("test/" + optimized.split("/", 1)[-1])
+    tested = "test/" + optimized.split("/", 1)[-1]
+    shown = sorted(metrics, key=lambda name: (name != tested, name))  # the optimized metric's twin first
+    values = ", ".join(f"{name} = {metrics[name]:.4g}" for name in shown) or "no test metrics logged"
+    log.info("%s; eval: %s", values, run_dir / "eval.json")
+    return metrics.get(tested)
 
 
 def _first_line(error: BaseException) -> str:
@@ -81,6 +87,8 @@ def _first_line(error: BaseException) -> str:
 
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
+    quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
+    check_pasted_paths(sys.argv[1:])  # ckpt_path=PATH that Hydra cannot parse: how to quote it
     preflight.check_or_exit("eval", sys.argv[1:])
     try:
         evaluate()

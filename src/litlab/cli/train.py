@@ -12,10 +12,13 @@ import hydra
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
+from litlab.cli import quiet, usage
+from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 from litlab.launch import multirun
 
 schema.register()
+usage.register()  # --help lists the config groups (configs/hydra/help/train.yaml)
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
@@ -36,6 +39,7 @@ def train_run(cfg: DictConfig) -> float | None:
     from litlab.run.lifecycle import finish, prepare_run
 
     route_lightning_logs_to_root()  # Lightning's lines into train.log, rank-prefixed
+    quiet.drop_known_noise()  # again: a sweep restores the warning filters after every job
     adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
     with one_line_errors():  # a problem the user can fix: one line on stderr, no traceback
         run = prepare_run(cfg)  # seed, identity, storage, resume decision
@@ -49,6 +53,8 @@ def train_run(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
+    quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
+    check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
     preflight.check_or_exit("train", sys.argv[1:])
     try:
         train()

@@ -104,7 +104,7 @@ def build_report(
     for run, key in zip(runs, contexts, strict=True):
         # A run alone in its context (every Optuna trial) has nothing to be compared with.
         base = baselines.get(key) if contexts.count(key) > 1 else None
-        rows.append(_row(run, base, metric, test_metric, swept))
+        rows.append(_row(run, base, metric, test_metric, swept, mode))
     counted = [row["tokens_per_second"] for row in rows if row["status"] == "completed"]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
     return Report(rows, metric, mode, test_metric, baseline, swept, context_keys, unit)
@@ -178,7 +178,12 @@ def _same(value: Any, wanted: str) -> bool:
 
 
 def _row(
-    run: RunResult, base: RunResult | None, metric: str, test_metric: str | None, swept: list[str]
+    run: RunResult,
+    base: RunResult | None,
+    metric: str,
+    test_metric: str | None,
+    swept: list[str],
+    mode: str = "max",
 ) -> dict[str, Any]:
     summary = run.summary
     precision = summary.precision or {}
@@ -212,8 +217,12 @@ def _row(
         "speed_up": None,
         "memory_ratio": None,
         "metric_delta": None,
+        "seconds_to_baseline": None,  # seconds until the metric first reached the baseline's final value
+        "diagnosis": [entry.get("symptom") for entry in summary.diagnosis or []],
+        "findings": list(summary.diagnosis or []),  # symptom, evidence, cures (litlab.run.doctor)
         "error": summary.error,
         "run_dir": str(run.dir),
+        "curve": curve(summary, metric),
     }
     # Ratios only between completed runs: a failed run may have figures, not those of the run it meant to be.
     if base is not None and run.completed and base.completed:
@@ -223,11 +232,32 @@ def _row(
         )
         same_kind = (base_summary.memory or {}).get("kind") == row["memory_kind"]
         if same_kind:
-            row["memory_ratio"] = _ratio(row["peak_memory_mib"], base_summary.memory.get("peak_mib"))
+            row["memory_ratio"] = _ratio(row["peak_memory_mib"], (base_summary.memory or {}).get("peak_mib"))
         base_metric = (base_summary.metrics or {}).get(metric)
         if _finite(row["metric"]) and _finite(base_metric):
             row["metric_delta"] = row["metric"] - base_metric
+        if _finite(base_metric) and row["curve"]:
+            row["seconds_to_baseline"] = seconds_to_reach(row["curve"], base_metric, mode)
     return row
+
+
+def curve(summary: Any, metric: str) -> list[dict[str, float]]:
+    """The run's ``metric`` per epoch from summary.json's history: wall seconds, samples seen, value."""
+    points = []
+    for entry in summary.history or []:
+        value = (entry.get("metrics") or {}).get(metric)
+        if _finite(value) and _finite(entry.get("wall_s")):
+            points.append({"wall_s": entry["wall_s"], "samples": entry.get("samples"), "value": value})
+    return points
+
+
+def seconds_to_reach(points: list[dict[str, float]], target: float, mode: str) -> float | str:
+    """Wall seconds at the first epoch whose value is at least as good as ``target`` (in ``mode``'s
+    direction), or "never"."""
+    for point in points:
+        if (point["value"] <= target) if mode == "min" else (point["value"] >= target):
+            return point["wall_s"]
+    return "never"
 
 
 def _ratio(value: Any, reference: Any) -> float | None:

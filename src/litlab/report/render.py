@@ -16,7 +16,7 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in REPORT_FILES]
     _write_csv(report, paths[1])
-    _write_plot(report, paths[2])
+    plot(report).savefig(paths[2], dpi=110)
     paths[0].write_text(render_markdown(report))
     return paths
 
@@ -45,9 +45,11 @@ _CSV_COLUMNS = [
     "speed_up",
     "memory_ratio",
     "metric_delta",
+    "seconds_to_baseline",
     "baseline",
     "is_baseline",
     "differs",
+    "diagnosis",
     "error",
     "run_dir",
 ]
@@ -57,6 +59,7 @@ def _write_csv(report: Report, path: Path) -> None:
     # The metric columns carry the metric's name, so a CSV read elsewhere says what it holds.
     names = {"metric": report.metric, "test_metric": report.test_metric or "test_metric"}
     names["metric_delta"] = f"delta_{report.metric}"
+    names["seconds_to_baseline"] = f"seconds_to_baseline_{report.metric}"
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow([names.get(c, c) for c in _CSV_COLUMNS])
@@ -81,10 +84,13 @@ def render_markdown(report: Report) -> str:
     unit = report.throughput_unit
     headers += ["micro-batch", "effective batch", f"{unit}/s", "s/epoch", "peak memory / device (MiB)"]
     headers += [report.metric] + ([report.test_metric] if report.test_metric else [])
-    headers += ["speed-up", "memory ratio", delta, "baseline"]
+    headers += ["speed-up", "memory ratio", delta, f"s to baseline's {report.metric}", "baseline"]
     has_differs = any(row["differs"] for row in report.rows)
     if has_differs:
         headers.insert(2, "differs")
+    diagnosed = [row for row in report.rows if row["diagnosis"]]
+    if diagnosed:
+        headers.append("doctor")
     if report.failed:
         headers.append("error")
     lines = [
@@ -121,14 +127,25 @@ def render_markdown(report: Report) -> str:
             _number(row["speed_up"], 2, "x"),
             _number(row["memory_ratio"], 2, "x"),
             _number(row["metric_delta"], 4, signed=True),
+            _seconds_cell(row["seconds_to_baseline"]),
             "**baseline**" if row["is_baseline"] else (row["baseline"] or "none"),
         ]
         if has_differs:
             cells.insert(2, " ".join(f"{k}={_text(v)}" for k, v in row["differs"].items()))
+        if diagnosed:
+            cells.append(", ".join(row["diagnosis"]))
         if report.failed:
             cells.append(_one_line(row["error"], limit=120) if row["status"] != "completed" else "")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", "![throughput and peak memory per configuration](report.png)", ""]
+    lines += ["", "![throughput, peak memory and learning curves per configuration](report.png)", ""]
+    if diagnosed:
+        lines += ["## Doctor", "", "What each run's own numbers show (summary.json `diagnosis`):", ""]
+        for row in diagnosed:
+            for entry in row["findings"]:
+                lines.append(
+                    f"- {row['run']}: **{entry['symptom']}**: {entry['evidence']}. Cures: {entry['cures']}"
+                )
+        lines.append("")
     if report.failed:
         lines += ["## Failed runs", ""]
         lines += [f"- {row['run']} (`{row['run_dir']}`): {_one_line(row['error'])}" for row in report.failed]
@@ -146,9 +163,16 @@ def render_markdown(report: Report) -> str:
         "- speed-up = samples/s ÷ the baseline's (the same ratio as tokens/s); memory ratio = peak "
         "memory ÷ the baseline's; "
         f"{delta} = {report.metric} − the baseline's.",
+        f"- s to baseline's {report.metric}: wall-clock seconds of training (validation included) until "
+        f"the run's {report.metric} first reached the baseline's final value, from its per-epoch history; "
+        "never: it did not within the run.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _seconds_cell(value: Any) -> str:
+    return value if isinstance(value, str) else _number(value, 1)
 
 
 def _best_line(report: Report) -> list[str]:
@@ -196,18 +220,30 @@ def _one_line(text: Any, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _write_plot(report: Report, path: Path) -> None:
-    """Throughput (metric annotated) and peak memory per configuration, one column per device count."""
+def plot(report: Report) -> Any:
+    """report.png, a matplotlib Figure of two figures: throughput (metric annotated) and peak memory
+    per configuration, one column per device count; below, the learning curves of every run."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
+    precisions = list(dict.fromkeys(str(row["precision"]) for row in report.rows))
+    colors = {p: _PALETTE[i % len(_PALETTE)] for i, p in enumerate(precisions)}
+    width = max(6.0, 1.1 * len(report.rows) + 2.5, 11.0)
+    figure = Figure(figsize=(width, 11.0), layout="constrained")
+    bars, curves = figure.subfigures(2, 1, height_ratios=[7.0, 4.0])
+    _draw_bars(report, bars, colors)
+    _draw_curves(report, curves, colors)
+    return figure
+
+
+_PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
+_LINE_STYLES = ["-", "--", ":", "-."]
+
+
+def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in report.rows:
         groups.setdefault(_devices_label(row), []).append(row)
-    precisions = list(dict.fromkeys(str(row["precision"]) for row in report.rows))
-    palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
-    colors = {p: palette[i % len(palette)] for i, p in enumerate(precisions)}
     widths = [len(rows) for rows in groups.values()]
-    figure = Figure(figsize=(max(6.0, 1.1 * sum(widths) + 2.5), 7.0), layout="constrained")
     axes = figure.subplots(2, len(groups), sharey="row", squeeze=False, width_ratios=widths)
     for column, (devices, rows) in enumerate(groups.items()):
         throughput_axis, memory_axis = axes[0][column], axes[1][column]
@@ -247,7 +283,45 @@ def _write_plot(report: Report, path: Path) -> None:
         f"Throughput and peak memory per configuration\n(hatched: the baseline; {report.metric} annotated)",
         fontsize=10,
     )
-    figure.savefig(path, dpi=110)
+
+
+def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
+    """The metric against wall-clock seconds and against samples seen, one line per run."""
+    by_time, by_samples = figure.subplots(1, 2, sharey=True)
+    styles: dict[str, int] = {}  # runs of one precision are told apart by the line style
+    drawn = 0
+    for row in report.rows:
+        points = row["curve"]
+        if not points:
+            continue
+        precision = str(row["precision"])
+        style = _LINE_STYLES[styles.get(precision, 0) % len(_LINE_STYLES)]
+        styles[precision] = styles.get(precision, 0) + 1
+        label = " ".join(_config_label(row, report).splitlines())
+        if row["devices"] not in (1, None) or len({r["devices"] for r in report.rows}) > 1:
+            label += f" ({_devices_label(row)})"
+        values = [point["value"] for point in points]
+        line = {"color": colors[precision], "linestyle": style, "marker": ".", "linewidth": 1.4}
+        if row["is_baseline"]:
+            line["linewidth"] = 2.6
+        by_time.plot([point["wall_s"] for point in points], values, label=label, **line)
+        samples = [point["samples"] for point in points]
+        if all(_finite(n) for n in samples):
+            by_samples.plot(samples, values, **line)
+        drawn += 1
+    by_time.set_xlabel("wall-clock seconds of training")
+    by_samples.set_xlabel("training samples seen (all ranks)")
+    by_time.set_ylabel(report.metric)
+    for axis in (by_time, by_samples):
+        axis.grid(alpha=0.3)
+    if drawn:
+        by_time.legend(fontsize=7, ncol=2 if drawn > 6 else 1)
+    else:
+        note = "no per-epoch history in these runs' summary.json"
+        by_time.text(0.5, 0.5, note, ha="center", transform=by_time.transAxes)
+    figure.suptitle(
+        f"{report.metric} per epoch: against time and against samples (thick: the baselines)", fontsize=10
+    )
 
 
 def _devices_label(row: dict[str, Any]) -> str:

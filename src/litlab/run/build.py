@@ -22,14 +22,20 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.callbacks.history import TrainingHistory
+from litlab.callbacks.input_wait import InputWait
 from litlab.callbacks.loader_state import ResumableLoaderCheck
+from litlab.callbacks.logger_runs import LoggerRuns
+from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
+from litlab.launch.multirun import sweep_job
 from litlab.logs import route_lightning_logs_to_root
+from litlab.run.loggers import grouping_arguments, missing_package
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
 
@@ -155,6 +161,8 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
     loggers = build_loggers(cfg, run)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    # The engine adds its own model summary (engine_callbacks); Lightning's would be a second one.
+    trainer_args["enable_model_summary"] = False
     check_gpus_available(cfg.trainer)
     trainer = L.Trainer(
         **trainer_args,
@@ -187,11 +195,19 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
     nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
     world = WorldCheck()  # a run never reports ranks it did not have
     loader = ResumableLoaderCheck(run)  # resume is exact, or summary.json says it is not
-    run.extra.update(nonfinite=nonfinite.report, world=world.report)
+    history = TrainingHistory(cfg.optimized_metric)  # learning curves in summary.json, for reports
+    input_wait = InputWait()  # the doctor's input-bound check
+    run.extra.update(
+        nonfinite=nonfinite.report, world=world.report, history=history.history, input_wait=input_wait.report
+    )
     config = OmegaConf.to_container(cfg, resolve=True)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     stored = RunConfigInCheckpoint(config, choices)  # litlab-eval rebuilds the run from a checkpoint
-    return [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored]
+    callbacks = [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored, history, input_wait]
+    callbacks.append(LoggerRuns(config))  # the resolved config as the loggers' parameters
+    if cfg.trainer.enable_model_summary:  # Lightning's, without a FLOPs column of zeros
+        callbacks.append(ModelSummaryWithMeasuredFlops())
+    return callbacks
 
 
 def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:
@@ -213,10 +229,22 @@ def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[
 
 
 def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
-    # logger_arguments: a resumed run's TensorBoard continues the run's log directory.
-    loggers = [
-        instantiate(c, **logger_arguments(c, run), _convert_="all")
-        for c in cfg.logger.values()
-        if c is not None
-    ]
+    """The ``logger`` group's loggers (several at once: ``logger=many`` or ``logger=[csv,mlflow]``)."""
+    loggers = []
+    sweep = sweep_job() if HydraConfig.initialized() else None
+    for name, logger_cfg in cfg.logger.items():
+        if logger_cfg is None:  # removed from the command line: logger.NAME=null
+            continue
+        # logger_arguments: a resumed run's TensorBoard continues the run's log directory;
+        # grouping_arguments: a sweep's MLflow and W&B runs are grouped by the sweep.
+        arguments = {
+            **logger_arguments(logger_cfg, run),
+            **grouping_arguments(logger_cfg, sweep, run.dir if run else None),
+        }
+        try:
+            loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))
+        except InstantiationException as error:
+            if isinstance(error.__cause__, ImportError):  # Lightning's check for an optional package
+                raise missing_package(name, logger_cfg, error.__cause__) from None
+            raise
     return loggers or False

@@ -21,7 +21,6 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,6 +29,8 @@ from litlab.config.rules import BatchSizes
 from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
+from litlab.run import doctor
+from litlab.run.loggers import log_final_metrics
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
 from litlab.storage import resume
 from litlab.storage.checkpoints import last_checkpoint
@@ -167,21 +168,35 @@ def finish(
         tested = checkpoints["best"]
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
     metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
+    run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
     summary = write_summary(
         cfg, trainer, run, status=COMPLETED, metrics=metrics, checkpoints={**checkpoints, "tested": tested}
     )
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
-            # Under their own names: Lightning writes these at step 0, which under the metrics' own
-            # names put a point with the final value at the start of every val/ and test/ curve.
-            final = {f"final/{name}": value for name, value in summary.metrics.items()}
-            logger.log_hyperparams(_flat_choices(summary), metrics=final)
-            # Fit and test have already closed the writer; this reopened it, and an unflushed event
-            # file can lose these at exit (seen as a missing final point in TensorBoard).
-            logger.finalize("success")
+    log_final_metrics(trainer.loggers, summary, is_global_zero=trainer.is_global_zero)
+    if trainer.is_global_zero:
+        doctor.warn(summary.diagnosis or [])
     value = summary.metrics.get(cfg.optimized_metric)
-    log.info("%s = %s; summary: %s", cfg.optimized_metric, value, run.dir / "summary.json")
+    log.info(result_line(summary, run.dir))
     return value
+
+
+def result_line(summary: Summary, run_dir: Path) -> str:
+    """The last line of a run: the monitored and the test metric (4 significant digits), the run dir."""
+    name = summary.optimized_metric or ""
+    test_name = "test/" + name.split("/", 1)[-1]
+    shown = [
+        f"{n} = {summary.metrics[n]:.4g}" for n in dict.fromkeys([name, test_name]) if n in summary.metrics
+    ]
+    return f"{', '.join(shown) or f'{name}: not logged'}; run: {run_dir}"
+
+
+def _device_memory_mib(trainer: L.Trainer) -> float | None:
+    device = trainer.strategy.root_device
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return round(torch.cuda.get_device_properties(device).total_memory / 2**20, 1)
 
 
 def _checkpoints(trainer: L.Trainer, run: Run) -> dict[str, Any]:
@@ -198,6 +213,7 @@ def _has_test_step(module: L.LightningModule) -> bool:
 
 def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> Summary:
     summary = summarise(cfg, trainer, run, status, **extra)
+    summary.diagnosis = doctor.diagnose(summary)  # what the run's own numbers show
     if run.is_global_zero:
         text = summary.to_json()
         (run.dir / "summary.json").write_text(text)
@@ -273,15 +289,6 @@ def _cluster_environment(trainer: L.Trainer) -> str | None:
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v.numel() == 1}
-
-
-def _flat_choices(summary: Summary) -> dict[str, Any]:
-    return {
-        **{f"group/{k}": v for k, v in summary.groups.items()},
-        "effective_batch_size": summary.effective_batch_size,
-        "accumulate_grad_batches": summary.accumulate_grad_batches,
-        "precision_effective": summary.precision.get("effective"),
-    }
 
 
 def _versions() -> dict[str, str]:

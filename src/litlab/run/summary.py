@@ -62,6 +62,11 @@ class Summary:
     nonfinite: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
+    # One entry per training epoch: epoch, step, wall_s, samples, train_loss, loss_spikes, metrics.
+    history: list[dict[str, Any]] | None = None
+    input_wait: dict[str, Any] | None = None  # time between training steps waiting for the next batch
+    device_memory_mib: float | None = None  # memory of one CUDA device, for the doctor's batch check
+    diagnosis: list[dict[str, Any]] | None = None  # what litlab.run.doctor found in the run's numbers
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
 

@@ -47,7 +47,7 @@ def run_checkpoints(
     save_last: bool = True,
     every_n_epochs: int | None = 1,
     every_n_train_steps: int | None = None,
-    filename: str = "epoch={epoch:03d}-step={step:06d}",
+    filename: str = "epoch_{epoch:03d}-step_{step:06d}",  # no "=": the path pastes into ckpt_path=
     copy_logs: bool = False,
 ) -> list[Callback]:
     """The checkpoint callbacks of a run, all writing into ``dirpath``."""

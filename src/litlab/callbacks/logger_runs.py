@@ -1,0 +1,46 @@
+"""The run's resolved config as every logger's parameters, and W&B runs closed when a run fails.
+
+Lightning logs only what a module passes to ``save_hyperparameters``; MLflow, W&B and CSV get the
+whole resolved config here when fitting starts (TensorBoard gets the group choices with the final
+metrics, in its HParams tab: ``litlab.run.loggers``). W&B keeps one run per process until it is
+finished, and Lightning never finishes it: a run that fails finishes its W&B run here (exit code 1),
+so that the next run in this process (a sweep's next job) gets its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+from litlab.errors import LitlabError
+
+
+class LoggerRuns(Callback):
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                continue
+            try:
+                logger.log_hyperparams(self.config)
+            except Exception as error:  # the logger's service or login, not the run, is at fault
+                if type(error).__module__.startswith("wandb"):
+                    raise LitlabError(
+                        f"logger=wandb could not start a W&B run ({' '.join(str(error).split())}): run "
+                        "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine"
+                    ) from error
+                raise
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:  # only a started run
+                logger.experiment.finish(exit_code=1)

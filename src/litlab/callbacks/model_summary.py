@@ -1,0 +1,49 @@
+"""The model summary at the start of fitting, with real FLOPs or no FLOPs column.
+
+Lightning counts FLOPs by running the module on its ``example_input_array``; a module without one
+gets a FLOPs column of zeros and "Total FLOPs: 0", which reads as a measurement. This summary drops
+both when nothing was counted, and goes through logging (so it is in train.log too), as a plain
+table also on a terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+log = logging.getLogger("litlab")
+
+_FLOPS_COLUMN = "FLOPs"
+_FLOPS_TOTAL_LINE = "Total Flops"  # the last line of Lightning's table
+
+
+class ModelSummaryWithMeasuredFlops(ModelSummary):
+    """Lightning's ModelSummary (``trainer.enable_model_summary``), FLOPs shown only when counted:
+    define ``example_input_array`` in your module to see them."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if not total_flops:
+            summary_data = [column for column in summary_data if column[0] != _FLOPS_COLUMN]
+        table = _format_summary_table(
+            total_parameters,
+            trainable_parameters,
+            model_size,
+            total_training_modes,
+            total_flops,
+            *summary_data,
+        )
+        if not total_flops:
+            table = "\n".join(line for line in table.splitlines() if not line.endswith(_FLOPS_TOTAL_LINE))
+        log.info("model summary:\n%s", table)

@@ -1,0 +1,66 @@
+"""``--help`` of the console scripts: Hydra's help template (configs/hydra/help/) with the config
+groups a user picks, read from the config search path at the time of asking.
+
+The template calls ``${litlab_config_groups:}``: every group but the schemas, Hydra's own (except
+``hydra/launcher``) and the ones nobody picks (``paths``, ``local``), each with its options and the
+one this command line picks marked with ``*``. A group or option added to configs/ shows up with
+no change here.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+RESOLVER = "litlab_config_groups"
+# Groups in the order a user thinks of them: what runs, how it trains, where it goes, what it sweeps.
+ORDER = [
+    "data",
+    "model",
+    "optimizer",
+    "scheduler",
+    "experiment",
+    "trainer",
+    "precision",
+    "strategy",
+    "callbacks",
+    "logger",
+    "storage",
+    "oom",
+    "debug",
+    "sweep",
+    "hparams_search",
+    "hydra/launcher",
+]
+_NOT_PICKED = ("schema", "paths", "local", "hydra")
+
+
+def _picked(group: str) -> bool:
+    return group == "hydra/launcher" or group.split("/")[0] not in _NOT_PICKED
+
+
+def config_groups() -> str:
+    """The groups a user picks with ``GROUP=OPTION``, one line each, for the help template."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = GlobalHydra.instance().hydra
+    if hydra is None:
+        return ""
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    groups = [group for group in hydra.list_all_config_groups() if _picked(group)]
+    groups.sort(key=lambda group: (ORDER.index(group) if group in ORDER else len(ORDER), group))
+    width = max((len(group) for group in groups), default=0)
+    lines = []
+    for group in groups:
+        chosen = choices.get(group)
+        options = [
+            f"{o}*" if o == chosen else o for o in sorted(hydra.config_loader.get_group_options(group))
+        ]
+        lines.append(f"  {group:<{width}}  {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def register() -> None:
+    """Make ``${litlab_config_groups:}`` available to the help templates (idempotent)."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, config_groups, use_cache=False)

@@ -1,0 +1,193 @@
+"""The run doctor: what a run's own numbers show, with the usual cures.
+
+It reads only what summary.json records, so it works for any task and on any machine: the
+per-epoch ``history`` (``litlab.callbacks.history``), the non-finite steps skipped, the measured
+``input_wait`` (``litlab.callbacks.input_wait``) and peak CUDA memory against the device's. Each
+finding is one WARNING line at the end of the run, an entry of ``diagnosis`` in summary.json, and a
+line in the sweep report. The direction of the monitored metric is ``optimized_metric_mode``.
+
+- overfitting: the monitored metric worse than its best for the last ``PATIENCE`` epochs, while
+  the training loss kept falling;
+- underfitting: the training loss still near where it started, and both it and the metric flat;
+- instability: loss spikes (a step above twice the median of the 20 before it that gives back half
+  of the run's progress) or non-finite steps skipped;
+- input-bound: waiting for the next batch took ``INPUT_BOUND_SHARE`` or more of the training time;
+- small micro-batch: on CUDA, the peak allocated memory a small share of the device's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from litlab.run.summary import Summary
+
+log = logging.getLogger("litlab")
+
+PATIENCE = 3  # epochs the metric must have been worse than its best
+OVERFIT_MARGIN = 0.05  # "worse": by more than this share of what the run had gained by its best epoch
+TRAIN_LOSS_FELL = 0.9  # "falling": the training loss ends below this share of its value at the best epoch
+UNDERFIT_START_SHARE = 0.8  # "poor": the training loss ends above this share of its value at the first steps
+UNDERFIT_FLAT = 0.02  # "flat": the metric moved by at most this share of its value
+UNDERFIT_LOSS_FLAT = 0.9  # "flat": the training loss ends above this share of its first epoch's
+MIN_EPOCHS = 3  # fewer epochs than this say nothing about the trend
+INPUT_BOUND_SHARE = 0.5
+MIN_MEASURED_BATCHES = 10
+SMALL_BATCH_MEMORY_SHARE = 0.2
+
+
+@dataclass
+class Finding:
+    symptom: str
+    evidence: str  # what the run's numbers show
+    cures: str  # the usual cures, as the settings to change
+
+    def line(self) -> str:
+        return f"doctor: {self.symptom}: {self.evidence}. Usual cures: {self.cures}"
+
+
+def diagnose(summary: Summary) -> list[dict[str, Any]]:
+    """Every finding of the run's numbers, as summary.json's ``diagnosis`` entries."""
+    findings = [finding for check in CHECKS if (finding := check(summary)) is not None]
+    return [asdict(finding) for finding in findings]
+
+
+def warn(diagnosis: list[dict[str, Any]]) -> None:
+    """One WARNING line per finding."""
+    for entry in diagnosis:
+        log.warning(Finding(**entry).line())
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _validated_epochs(summary: Summary) -> list[dict[str, Any]]:
+    """History entries with a finite monitored metric and training loss."""
+    name = summary.optimized_metric
+    return [
+        entry
+        for entry in summary.history or []
+        if _finite((entry.get("metrics") or {}).get(name)) and _finite(entry.get("train_loss"))
+    ]
+
+
+def overfitting(summary: Summary) -> Finding | None:
+    epochs = _validated_epochs(summary)
+    if len(epochs) < PATIENCE + 2:
+        return None
+    name = summary.optimized_metric
+    values = [entry["metrics"][name] for entry in epochs]
+    higher_is_better = summary.optimized_metric_mode != "min"
+    best_index = values.index(max(values) if higher_is_better else min(values))
+    best, since_best = values[best_index], epochs[best_index + 1 :]
+    if len(since_best) < PATIENCE:
+        return None
+    margin = max(OVERFIT_MARGIN * abs(values[0] - best), 0.01 * abs(best), 1e-12)
+    recent = values[-PATIENCE:]
+    worse = all((best - v if higher_is_better else v - best) > margin for v in recent)
+    loss_at_best, loss_now = epochs[best_index]["train_loss"], epochs[-1]["train_loss"]
+    if not worse or loss_now >= TRAIN_LOSS_FELL * loss_at_best:
+        return None
+    return Finding(
+        "overfitting",
+        f"{name} was best at epoch {epochs[best_index]['epoch']} ({best:.4g}) and worse in the "
+        f"{len(since_best)} epochs since (now {values[-1]:.4g}), while the training loss fell from "
+        f"{loss_at_best:.4g} to {loss_now:.4g}",
+        "more data or augmentation (data.augment), more regularisation (dropout, optimizer.weight_decay), "
+        "a smaller network, or early stopping (callbacks=early_stopping); the best checkpoint is kept "
+        "(summary.json checkpoints.best)",
+    )
+
+
+def underfitting(summary: Summary) -> Finding | None:
+    epochs = _validated_epochs(summary)
+    history = summary.history or []
+    start = history[0].get("train_loss_start") if history else None
+    if len(epochs) < MIN_EPOCHS or not _finite(start) or start <= 0:
+        return None
+    name = summary.optimized_metric
+    first, last = epochs[0], epochs[-1]
+    loss_poor = last["train_loss"] >= UNDERFIT_START_SHARE * start
+    loss_flat = last["train_loss"] >= UNDERFIT_LOSS_FLAT * first["train_loss"]
+    metric_first, metric_last = first["metrics"][name], last["metrics"][name]
+    scale = max(abs(metric_first), abs(metric_last), 1e-12)
+    metric_flat = abs(metric_last - metric_first) <= UNDERFIT_FLAT * scale
+    if not (loss_poor and loss_flat and metric_flat):
+        return None
+    return Finding(
+        "underfitting",
+        f"after {len(history)} epochs the training loss is {last['train_loss']:.4g}, "
+        f"{last['train_loss'] / start:.0%} of its {start:.4g} at the first steps, and {name} went only "
+        f"from {metric_first:.4g} to {metric_last:.4g}",
+        "a higher optimizer.lr (try 10x), more epochs (trainer.max_epochs), a larger network, less "
+        "regularisation (dropout, optimizer.weight_decay); debug=overfit checks that the model can "
+        "learn at all",
+    )
+
+
+def instability(summary: Summary) -> Finding | None:
+    spikes = {entry.get("epoch"): entry.get("loss_spikes") or 0 for entry in summary.history or []}
+    spiky = {epoch: count for epoch, count in spikes.items() if count}
+    skipped = int((summary.nonfinite or {}).get("skipped_steps") or 0)
+    if not spiky and not skipped:
+        return None
+    found = []
+    if spiky:
+        epochs = ", ".join(str(epoch) for epoch in list(spiky)[:5]) + (", ..." if len(spiky) > 5 else "")
+        found.append(
+            f"{sum(spiky.values())} loss spike(s) (a step more than twice the median of the 20 before it) "
+            f"in epoch(s) {epochs}"
+        )
+    if skipped:
+        found.append(f"{skipped} optimizer step(s) skipped for a non-finite loss or gradient")
+    return Finding(
+        "instability",
+        " and ".join(found),
+        "a lower optimizer.lr, gradient clipping (trainer.gradient_clip_val=1.0), a learning-rate warm-up "
+        "(scheduler=cosine scheduler.warmup_steps=100), precision=bf16 or fp32 instead of fp16",
+    )
+
+
+def input_bound(summary: Summary) -> Finding | None:
+    wait = summary.input_wait or {}
+    share = wait.get("share")
+    if not _finite(share) or share < INPUT_BOUND_SHARE or (wait.get("batches") or 0) < MIN_MEASURED_BATCHES:
+        return None
+    return Finding(
+        "input-bound",
+        f"{share:.0%} of the training time went to waiting for the next batch ({wait.get('wait_s')} s "
+        f"waiting, {wait.get('step_s')} s in steps, over {wait.get('batches')} batches)",
+        "more loader workers (data.num_workers) with persistent_workers and pin_memory, lighter "
+        "per-sample transforms or decoding done once ahead of training, larger batches; data that fits "
+        "in memory can be served as tensors on the device (litlab.data.TensorBatches)",
+    )
+
+
+def small_micro_batch(summary: Summary) -> Finding | None:
+    memory = summary.memory or {}
+    total = summary.device_memory_mib
+    if memory.get("kind") != "cuda" or not _finite(total) or total <= 0:
+        return None
+    peak = max(memory.get("max_allocated_mib_per_rank") or [0.0])
+    if peak >= SMALL_BATCH_MEMORY_SHARE * total:
+        return None
+    return Finding(
+        "small micro-batch",
+        f"the micro-batch of {summary.micro_batch_size} used at most {peak:.0f} MiB of the device's "
+        f"{total:.0f} MiB ({peak / total:.0%})",
+        "a larger data.batch_size (tune.batch_size=true finds the largest that fits), with fewer "
+        "trainer.accumulate_grad_batches for the same effective batch, or a learning rate scaled with it",
+    )
+
+
+CHECKS: list[Callable[[Summary], Finding | None]] = [
+    overfitting,
+    underfitting,
+    instability,
+    input_bound,
+    small_micro_batch,
+]

@@ -1,0 +1,95 @@
+"""What litlab adds to Lightning's loggers (configs/logger/): sweep grouping, the final metrics, and
+one line for a logger whose package is not installed.
+
+- **Grouping.** A sweep job's MLflow run is tagged ``sweep`` (the sweep directory's name) and
+  ``sweep_job``, and its W&B run gets the sweep's name as ``group``; both are named
+  ``<sweep>/<job>`` (a single run: its run directory's name) unless the config names them.
+- **Final metrics.** After the test, every logger gets the summary's metrics as ``final/<name>``
+  (W&B's run summary too): TensorBoard in its HParams tab, with the group choices as parameters.
+- The run's resolved config is logged as parameters when fitting starts
+  (``litlab.callbacks.logger_runs.LoggerRuns``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.errors import LitlabError
+from litlab.run.summary import Summary
+
+# Loggers whose package is an optional extra of litlab: class name -> (package, extra).
+OPTIONAL_LOGGERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
+
+
+def logger_kind(logger_cfg: DictConfig) -> str:
+    """The class name a logger config's ``_target_`` names (``MLFlowLogger``, ``WandbLogger``, ...)."""
+    return str(logger_cfg.get("_target_", "")).rsplit(".", 1)[-1]
+
+
+def grouping_arguments(
+    logger_cfg: DictConfig, sweep: dict[str, Any] | None, run_dir: Path | None
+) -> dict[str, Any]:
+    """Constructor arguments that name the run and group a sweep's runs, where the config does not."""
+    kind = logger_kind(logger_cfg)
+    sweep_name = Path(str(sweep["dir"])).name if sweep else None
+    run_name = f"{sweep_name}/{sweep['job_num']}" if sweep else (run_dir.name if run_dir else None)
+    arguments: dict[str, Any] = {}
+    if kind == "MLFlowLogger":
+        if logger_cfg.get("run_name") is None:
+            arguments["run_name"] = run_name
+        if sweep:
+            tags = OmegaConf.to_container(logger_cfg.tags, resolve=True) if logger_cfg.get("tags") else {}
+            arguments["tags"] = {**tags, "sweep": sweep_name, "sweep_job": str(sweep["job_num"])}
+    elif kind == "WandbLogger":
+        if logger_cfg.get("name") is None:
+            arguments["name"] = run_name
+        if sweep and logger_cfg.get("group") is None:
+            arguments["group"] = sweep_name
+    return arguments
+
+
+def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:
+    """The one line for a logger whose package is missing (Lightning raises ModuleNotFoundError)."""
+    kind = logger_kind(logger_cfg)
+    if kind in OPTIONAL_LOGGERS:
+        package, extra = OPTIONAL_LOGGERS[kind]
+        fix = f"pip install 'litlab[{extra}]' (or pip install {package})"
+    else:
+        fix = f"install the package it names ({' '.join(str(error).split())})"
+    return LitlabError(
+        f"logger.{name} ({logger_cfg.get('_target_')}) needs a package that is not installed: {fix}"
+    )
+
+
+def log_final_metrics(loggers: list[Any], summary: Summary, is_global_zero: bool) -> None:
+    """The summary's metrics as ``final/<name>`` in every logger; W&B runs are then finished, so that
+    the next run in this process (a sweep's next job) starts its own."""
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    final = {f"final/{name}": value for name, value in summary.metrics.items()}
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
+            # Under their own names: Lightning writes these at step 0, which under the metrics' own
+            # names put a point with the final value at the start of every val/ and test/ curve.
+            logger.log_hyperparams(_flat_choices(summary), metrics=final)
+        else:
+            logger.log_metrics(final, step=summary.global_step)
+        if isinstance(logger, WandbLogger) and is_global_zero:
+            logger.experiment.summary.update(final)
+            logger.experiment.finish()
+            continue
+        # Fit and test have already finalized the loggers; this reopened them (TensorBoard's writer: an
+        # unflushed event file can lose these at exit; MLflow's run: its end time).
+        logger.finalize("success")
+
+
+def _flat_choices(summary: Summary) -> dict[str, Any]:
+    return {
+        **{f"group/{k}": v for k, v in summary.groups.items()},
+        "effective_batch_size": summary.effective_batch_size,
+        "accumulate_grad_batches": summary.accumulate_grad_batches,
+        "precision_effective": summary.precision.get("effective"),
+    }
