@@ -4,12 +4,14 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 SETUP := $(VENV)/.installed
 ARGS ?=
+LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
+PORT ?= 6006
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast bench lint format clean rename
+.PHONY: help setup train test test-fast bench lint format clean rename tensorboard
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  Pass overrides with ARGS, e.g. make train ARGS='model=mlp trainer.max_epochs=3'"
 
 $(SETUP): pyproject.toml
@@ -28,6 +30,9 @@ test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
 	$(PYTHON) -m pytest tests/unit $(ARGS)
+
+tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams with final metrics (PORT=6006)
+	$(VENV)/bin/tensorboard --logdir $(LOGS) --port $(PORT)
 
 bench: $(SETUP) ## Measure litlab against bare Lightning and plain PyTorch (benchmarks/; logs/bench/<time>/bench.md)
 	$(PYTHON) -m benchmarks.bench $(ARGS)

@@ -20,6 +20,7 @@ from litlab.config.rules import PRECISION_VALUES
 from litlab.run.build import build_callbacks, build_datamodule, build_loggers, build_module, build_strategy
 from litlab.run.lifecycle import Run
 from litlab.storage.roots import RunStorage
+from tests.cifar_files import write_cifar10
 from tests.conftest import compose_train, option_names
 from tests.image_files import write_image_folder
 
@@ -41,11 +42,11 @@ def test_every_group_has_the_documented_options():
             "lr_monitor",
             "progress",
         },
-        "data": {"digits", "synthetic", "image_folder"},
+        "data": {"digits", "synthetic", "image_folder", "cifar10"},
         "model": {"mlp", "cnn", "resnet"},
         "optimizer": {"adamw", "sgd"},
         "scheduler": {"none", "cosine", "exponential", "onecycle"},
-        "logger": {"tensorboard", "csv", "none"},
+        "logger": {"tensorboard", "csv", "none", "mlflow", "wandb", "many"},
         "debug": {"fast", "overfit", "profile", "anomaly"},
         "storage": {"local", "mounted", "s3", "gcs"},
         "oom": {"fail", "auto_shrink"},
@@ -58,6 +59,10 @@ def overrides_for(group: str, option: str, tmp_path: Path) -> list[str]:
     overrides = [f"{group}={option}"]
     if group == "data" and option == "image_folder":
         overrides.append(f"data.root={write_image_folder(tmp_path / 'images')}")
+    if group == "logger" and option == "wandb":
+        overrides.append("logger.wandb.offline=true")  # no W&B login here
+    if option.startswith("cifar10"):  # data=cifar10 and experiment=cifar10_resnet: files, no download
+        overrides.append(f"data.root={write_cifar10(tmp_path / 'cifar10', images_per_batch=4)}")
     if group == "storage" and option in ("s3", "gcs", "mounted"):
         overrides.append(
             {"s3": "storage.root=s3://bucket/x", "gcs": "storage.root=gs://bucket/x"}.get(

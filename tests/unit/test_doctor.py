@@ -1,5 +1,6 @@
-"""The run doctor on real runs (in-process, one device): what it finds in runs that really overfit,
-underfit, are input-bound or unstable, and that it finds nothing in a healthy default run.
+"""The run doctor on real runs: what it finds in runs that really overfit, underfit, are input-bound
+or unstable, and that it finds nothing in a healthy default run. The runs are those `litlab-train`
+makes for the commands of docs/troubleshooting.md, in-process on one device.
 
 Each run is a real Trainer on the digits; the findings come from the run's own summary.json.
 """

@@ -15,8 +15,6 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from litlab.errors import LitlabError
-
 
 class LoggerRuns(Callback):
     def __init__(self, config: dict[str, Any]) -> None:
@@ -24,17 +22,8 @@ class LoggerRuns(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                continue
-            try:
+            if not isinstance(logger, TensorBoardLogger):
                 logger.log_hyperparams(self.config)
-            except Exception as error:  # the logger's service or login, not the run, is at fault
-                if type(error).__module__.startswith("wandb"):
-                    raise LitlabError(
-                        f"logger=wandb could not start a W&B run ({' '.join(str(error).split())}): run "
-                        "`wandb login`, or set WANDB_MODE=offline to keep the run on this machine"
-                    ) from error
-                raise
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -42,5 +31,6 @@ class LoggerRuns(Callback):
         if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger) and logger._experiment is not None:  # only a started run
+            # _experiment: the run, if one was started (the experiment property would start one)
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:
                 logger.experiment.finish(exit_code=1)

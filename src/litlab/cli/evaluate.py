@@ -14,12 +14,11 @@ import hydra
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
-from litlab.cli import quiet, usage
+from litlab.cli import quiet
 from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 
 schema.register()
-usage.register()  # --help (configs/hydra/help/eval.yaml)
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="eval")

@@ -61,6 +61,7 @@ def config_groups() -> str:
 
 
 def register() -> None:
-    """Make ``${litlab_config_groups:}`` available to the help templates (idempotent)."""
+    """Make ``${litlab_config_groups:}`` available to the help templates (idempotent; called by
+    ``litlab.config.resolvers.register``, so wherever configs are composed)."""
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, config_groups, use_cache=False)

@@ -3,7 +3,8 @@
 - ``${litlab_uid:}``: a short random id, fixed for the process, for run directory names;
 - ``${litlab_cwd:}``: the directory litlab was started from (``paths.root_dir``);
 - ``${litlab_direction:MODE}``: Optuna's direction (maximize, minimize) for optimized_metric_mode;
-- the launch resolvers of ``litlab.launch.ranks`` (one run directory for all ranks, Slurm sizes).
+- the launch resolvers of ``litlab.launch.ranks`` (one run directory for all ranks, Slurm sizes);
+- ``${litlab_config_groups:}`` of ``litlab.cli.usage``: the groups ``--help`` lists.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from omegaconf import OmegaConf
 
 def register() -> None:
     """Register every litlab resolver (idempotent)."""
+    from litlab.cli import usage
     from litlab.launch import ranks
 
     if not OmegaConf.has_resolver("litlab_uid"):
@@ -27,6 +29,7 @@ def register() -> None:
             "litlab_direction", lambda mode: {"min": "minimize"}.get(mode, "maximize")
         )
     ranks.register()
+    usage.register()
 
 
 def start_dir() -> str:

@@ -35,7 +35,7 @@ from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
 from litlab.launch.multirun import sweep_job
 from litlab.logs import route_lightning_logs_to_root
-from litlab.run.loggers import grouping_arguments, missing_package
+from litlab.run.loggers import check_wandb_login, grouping_arguments, missing_package
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
 
@@ -247,4 +247,5 @@ def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
             if isinstance(error.__cause__, ImportError):  # Lightning's check for an optional package
                 raise missing_package(name, logger_cfg, error.__cause__) from None
             raise
+        check_wandb_login(logger_cfg)  # before fit, where wandb.init would fail with a traceback
     return loggers or False

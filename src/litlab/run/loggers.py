@@ -64,6 +64,24 @@ def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> 
     )
 
 
+def check_wandb_login(logger_cfg: DictConfig) -> None:
+    """An online W&B logger needs a login; without one, wandb.init fails inside fit with a traceback
+    (or waits for a prompt). Offline (``WANDB_MODE``, ``wandb offline``, ``offline: true``) needs none."""
+    if logger_kind(logger_cfg) != "WandbLogger" or logger_cfg.get("offline"):
+        return
+    import wandb
+    from wandb.sdk import wandb_setup
+
+    # wandb's own settings: the environment and its settings files (`wandb offline`); no service starts.
+    if wandb_setup.singleton().settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    if not wandb.login(verify=False, prompt=False):  # reads WANDB_API_KEY, settings and ~/.netrc
+        raise LitlabError(
+            "logger=wandb needs a W&B login: run `wandb login` (or set WANDB_API_KEY), or set "
+            "WANDB_MODE=offline to keep the runs on this machine (`wandb sync` uploads them later)"
+        )
+
+
 def log_final_metrics(loggers: list[Any], summary: Summary, is_global_zero: bool) -> None:
     """The summary's metrics as ``final/<name>`` in every logger; W&B runs are then finished, so that
     the next run in this process (a sweep's next job) starts its own."""

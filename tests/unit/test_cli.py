@@ -1,0 +1,103 @@
+"""The console scripts' ``--help`` (in-process: Hydra prints it and exits 0), the known noise they drop
+exactly, and the one line for a pasted path that Hydra cannot read."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+import warnings
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from litlab.cli import evaluate, quiet, train
+from litlab.cli.paths import check_pasted_paths
+from litlab.config.preflight import CONFIG_DIR
+from tests.conftest import option_names
+
+
+def help_text(main, program: str, *args: str, monkeypatch, capsys) -> str:
+    monkeypatch.setattr(sys, "argv", [program, *args, "--help"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_train_help_says_what_it_does_and_lists_only_the_groups_a_user_picks(monkeypatch, capsys):
+    text = help_text(train.main, "litlab-train", "model=mlp", monkeypatch=monkeypatch, capsys=capsys)
+    assert text.startswith("litlab-train: train a LightningModule on a LightningDataModule")
+    assert "Common commands:\n  litlab-train " in text
+    assert "powered by Hydra" not in text and "schema/" not in text and "== Config ==" not in text
+    listed = {
+        line.split()[0]: line.split(None, 1)[1].split(", ")
+        for line in text.split("(* marks what this command line picks):\n", 1)[1]
+        .split("\n\n", 1)[0]
+        .splitlines()
+    }
+    user_groups = sorted(
+        p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "paths", "local")
+    )
+    assert sorted(listed) == sorted([*user_groups, "hydra/launcher"])
+    for group in user_groups:
+        assert [o.rstrip("*") for o in listed[group]] == option_names(group)
+    # What this command line picks: its override, and the defaults for the rest.
+    assert "mlp*" in listed["model"] and "digits*" in listed["data"] and "basic*" in listed["hydra/launcher"]
+    assert 'eval "$(litlab-train -sc install=bash)"' in text  # shell completion, among Hydra's flags
+
+
+def test_eval_help_says_what_it_does_and_how_to_quote_a_path(monkeypatch, capsys):
+    text = help_text(evaluate.main, "litlab-eval", monkeypatch=monkeypatch, capsys=capsys)
+    assert text.startswith("litlab-eval: test a checkpoint that litlab-train wrote")
+    assert "litlab-eval ckpt_path=" in text and "'ckpt_path=\"/runs/a=b/last.ckpt\"'" in text
+    assert "Config groups" not in text and "powered by Hydra" not in text
+
+
+def test_a_pasted_path_hydra_cannot_read_gets_one_line_on_how_to_quote_it(capsys):
+    for args in (["ckpt_path=/runs/epoch=007-step=000160.ckpt"], ["resume=/runs/a,b/last.ckpt", "seed=1"]):
+        with pytest.raises(SystemExit) as exited:
+            check_pasted_paths(args)
+        assert exited.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        key, _, path = args[0].partition("=")
+        assert line.startswith(f"litlab: error: {args[0]} holds ")
+        suggested = f"'{key}=\"{path}\"'"
+        assert line.endswith(f"quote the path for Hydra and the shell, e.g. {suggested}")
+        # As the shell hands it over, Hydra reads the path back as it was.
+        (override,) = OverridesParser.create().parse_overrides(shlex.split(suggested))
+        assert override.key_or_group == key and override.value() == path
+    check_pasted_paths(["ckpt_path=/runs/epoch_007-step_000160.ckpt", "resume=auto"])  # nothing to say
+    check_pasted_paths(["-m", "ckpt_path=/runs/a.ckpt,/runs/b.ckpt"])  # a sweep over checkpoints is one
+
+
+def test_known_noise_is_dropped_exactly_and_other_warnings_still_show():
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet.drop_known_noise()
+        quiet.drop_known_noise()  # idempotent
+        # torch's deprecation as Lightning's pytree helper triggers it, and one just like it elsewhere.
+        from lightning.pytorch.utilities._pytree import _tree_flatten
+
+        _tree_flatten(1)
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("a user's own warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == [
+        "`isinstance(treespec, LeafSpec)` is deprecated",
+        "a user's own warning",
+    ]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # where Lightning logs them
+    tips.addHandler(handler)
+    try:
+        rank_zero_info(
+            "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
+        )
+        rank_zero_info("GPU available: False, used: False")
+    finally:
+        tips.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ["GPU available: False, used: False"]

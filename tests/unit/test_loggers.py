@@ -1,0 +1,47 @@
+"""Loggers that cannot run say so in one line: a missing optional package names its pip install, a
+W&B run without a login names the two ways out. (tests/integration/test_loggers.py logs for real.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from litlab.cli.train import train_run
+from litlab.errors import LitlabError
+from litlab.run.build import build_loggers
+from tests.conftest import TINY, compose_train
+
+
+def test_a_logger_whose_package_is_missing_names_the_pip_install(tmp_path, monkeypatch):
+    import lightning.pytorch.loggers.mlflow as mlflow_logger
+    from lightning_utilities.core.imports import RequirementCache
+
+    # Lightning's own check of the package, as it reads where mlflow is not installed.
+    monkeypatch.setattr(mlflow_logger, "_MLFLOW_AVAILABLE", RequirementCache("mlflow>=999"))
+    cfg = compose_train(["logger=many"], tmp_path)
+    with pytest.raises(LitlabError) as caught:
+        build_loggers(cfg)
+    assert str(caught.value) == (
+        "litlab: error: logger.mlflow (lightning.pytorch.loggers.MLFlowLogger) needs a package that is "
+        "not installed: pip install 'litlab[mlflow]' (or pip install mlflow)"
+    )
+
+
+def test_a_wandb_run_without_a_login_fails_in_one_line(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.chdir(tmp_path)  # no ./wandb/settings
+    wandb.teardown()  # settings wandb read earlier in this process (another test's offline mode)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tiny = [t for t in TINY if not t.startswith("logger=")]
+    cfg = compose_train([f"paths.log_dir={tmp_path / 'logs'}", "logger=wandb", *tiny], run_dir)
+    with pytest.raises(LitlabError) as caught:
+        train_run(cfg)
+    reason = caught.value.reason
+    assert reason == (
+        "logger=wandb needs a W&B login: run `wandb login` (or set WANDB_API_KEY), or set "
+        "WANDB_MODE=offline to keep the runs on this machine (`wandb sync` uploads them later)"
+    )
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))  # it stopped before training
