@@ -62,3 +62,12 @@ class DigitsInALeftoverProcessGroup(DigitsDataModule):
                 port = s.getsockname()[1]
             url = f"tcp://127.0.0.1:{port}"
             torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+
+
+class DigitsOnAPlainDataLoader(DigitsDataModule):
+    """The digits served by a plain torch DataLoader, which cannot restore its position."""
+
+    def train_dataloader(self):
+        images, labels = self.splits["train"]
+        dataset = torch.utils.data.TensorDataset(images, labels)
+        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=True)
