@@ -109,3 +109,12 @@ class MLPThatWarns(MLP):
             self._warned = True
             warnings.warn(self.message, UserWarning, stacklevel=2)
         return super().forward(x)
+
+
+class DigitsOnAPlainDataLoader(DigitsDataModule):
+    """The digits served by a plain torch DataLoader, which cannot restore its position."""
+
+    def train_dataloader(self):
+        images, labels = self.splits["train"]
+        dataset = torch.utils.data.TensorDataset(images, labels)
+        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=True)

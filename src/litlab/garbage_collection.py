@@ -15,7 +15,7 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def existing_objects_frozen() -> Iterator[None]:
     """Hides what exists now from the collector while the block runs (training: one full
-    collection in 600 mlp steps on digits cost a tenth of its training time, and under DDP the other
+    collection in 600 steps of a small model cost a tenth of its training time, and under DDP the other
     ranks wait for it in the next all-reduce). Unfrozen afterwards, so that the next job of an
     in-process sweep can collect this one's garbage."""
     gc.freeze()

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import BIN, REPO, litlab, ok, run_dirs, summary
+from tests.image_files import write_image_folder
 
 pytestmark = pytest.mark.slow
 
@@ -289,3 +290,29 @@ def assert_no_secrets(log_dir: Path, objects: dict[str, bytes], secrets: list[st
     for secret in secrets:
         leaked = [name for name, data in files.items() if secret.encode() in data]
         assert not leaked, f"a credential appears in {leaked}"
+
+
+def test_a_run_reading_image_files_with_workers_and_random_augmentation_resumes_bitwise(tmp_path):
+    # The engine's ResumableDataLoader: files read by 2 worker processes, a random flip per sample.
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=110, size=8)  # 232 train images
+    files = [
+        "data=image_folder",
+        f"data.root={root}",
+        "data.image_shape=[3,8,8]",
+        "data.num_workers=2",
+        "data.augment=[{_target_: torchvision.transforms.v2.RandomHorizontalFlip}]",
+        "model=mlp",
+    ]
+    args = [*ARGS, *files]  # 8 batches of 32 an epoch (limit_train_batches is 10)
+    alone = tmp_path / "alone"
+    ok(litlab("litlab-train", *args, env=env_for(alone)))
+    log_dir, step = tmp_path / "logs", 12  # the middle of the second epoch
+    status, _ = interrupt_at(step, signal.SIGKILL, env_for(log_dir), *files)  # ARGS come first there
+    assert status == -signal.SIGKILL
+    result = ok(litlab("litlab-train", *args, env=env_for(log_dir)))
+    _, epoch, resumed_step = resumed_from(result.stdout)
+    assert epoch == 1 and 8 < resumed_step <= step, (epoch, resumed_step)  # resumed mid-epoch
+    assert summary(run_dirs(log_dir)[-1])["resume_exact"] is True
+    assert_same_tensors(
+        final_state(local_last_checkpoint(alone)), final_state(local_last_checkpoint(log_dir))
+    )

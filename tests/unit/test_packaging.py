@@ -3,10 +3,9 @@ docs and the dev extra name."""
 
 from __future__ import annotations
 
-import tomllib
 import warnings
 
-from setuptools.config.pyprojecttoml import apply_configuration
+from setuptools.config.pyprojecttoml import apply_configuration, read_configuration
 from setuptools.dist import Distribution
 
 from tests.conftest import REPO
@@ -22,7 +21,7 @@ def test_pyproject_applies_without_a_setuptools_warning():
 
 
 def test_the_optional_loggers_are_extras_and_the_tests_get_them():
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = read_configuration(str(REPO / "pyproject.toml"))["project"]["optional-dependencies"]
     assert extras["mlflow"][0].startswith("mlflow") and extras["wandb"][0].startswith("wandb")
     (bundle,) = [d for d in extras["dev"] if d.startswith("litlab[")]
     assert {"mlflow", "wandb"} <= set(bundle.removeprefix("litlab[").rstrip("]").split(","))

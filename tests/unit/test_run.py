@@ -15,7 +15,7 @@ from tests.conftest import TINY, compose_train
 
 def run_in_process(tmp_path: Path, *overrides: str) -> dict:
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(parents=True)
     cfg = compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir)
     train_run(cfg)
     return json.loads((run_dir / "summary.json").read_text())
@@ -31,3 +31,18 @@ def test_the_summary_names_last_ckpt_when_the_best_checkpoint_is_an_earlier_one(
     assert checkpoints["best"].endswith("epoch_000-step_000004.ckpt"), checkpoints
     assert checkpoints["last"] == f"{checkpoints['dir']}/last.ckpt" and Path(checkpoints["last"]).is_file()
     assert checkpoints["tested"] == checkpoints["best"]
+
+
+def test_a_train_loader_that_cannot_restore_its_position_is_reported_not_claimed_exact(tmp_path, caplog):
+    plain = run_in_process(tmp_path / "plain", "data._target_=tests.faults.DigitsOnAPlainDataLoader", *TINY)
+    assert plain["status"] == "completed" and plain["resume_exact"] is False
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "resume is not exact" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "DataLoader" in warnings[0], warnings
+    caplog.clear()
+    engine_loader = run_in_process(tmp_path / "tensors", *TINY)  # TensorBatches
+    assert engine_loader["resume_exact"] is True
+    assert not [r for r in caplog.records if "resume is not exact" in r.getMessage()]

@@ -25,6 +25,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -75,7 +76,7 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
         _exit(str(error))
     except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
         _exit(f"'{error.full_key}' has no value: set it, or choose an option of its group")
-    if config_name == "train" and cfg.hydra.mode != "MULTIRUN":
+    if config_name == "train" and cfg.hydra.mode != RunMode.MULTIRUN:  # a sweep's jobs build their own
         try:
             build_on_the_side(cfg)
         except rules.ConfigError as error:

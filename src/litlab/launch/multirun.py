@@ -43,6 +43,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from litlab.config.preflight import check_train_config
 from litlab.config.rules import ConfigError, device_count
 from litlab.launch.ranks import PROCESS_START_ENV, cluster_started_ranks
 from litlab.logs import global_rank
@@ -79,8 +80,6 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     is_child = HydraConfig.get().mode != RunMode.MULTIRUN
     try:
-        from litlab.config.preflight import check_train_config
-
         # A bad value fails here, in milliseconds, before torch loads or a child starts.
         check_train_config(cfg, list(HydraConfig.get().overrides.task))
         if is_child:

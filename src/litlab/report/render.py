@@ -203,10 +203,10 @@ def _memory_cell(row: dict[str, Any]) -> str:
     return "–"
 
 
-def _number(value: Any, digits: int, suffix: str = "", signed: bool = False) -> str:
+def _number(value: Any, decimals: int, suffix: str = "", signed: bool = False) -> str:
     if not isinstance(value, (int, float)):
         return "–"
-    return f"{value:{'+' if signed else ''}.{digits}f}{suffix}"
+    return f"{value:{'+' if signed else ''}.{decimals}f}{suffix}"
 
 
 def _text(value: Any) -> str:

@@ -181,7 +181,7 @@ def finish(
 
 
 def result_line(summary: Summary, run_dir: Path) -> str:
-    """The last line of a run: the monitored and the test metric (4 significant digits), the run dir."""
+    """The last line of a run: the monitored and the test metric (4 significant figures), the run dir."""
     name = summary.optimized_metric or ""
     test_name = "test/" + name.split("/", 1)[-1]
     shown = [
