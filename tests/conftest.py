@@ -58,6 +58,17 @@ def compose_train(overrides: list[str], output_dir: Path, config_name: str = "tr
     return cfg
 
 
+def train_in_process(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
+    """One run in this process, as litlab-train runs it (``train_run`` on the composed config), with
+    its run directory ``tmp_path/name`` and logs and storage under ``tmp_path/logs``: its summary.json."""
+    from litlab.cli.train import train_run
+
+    run_dir = tmp_path / name
+    run_dir.mkdir(parents=True)
+    train_run(compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir))
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 @pytest.fixture
 def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private logs/ folder for the test (litlab reads LITLAB_LOG_DIR)."""

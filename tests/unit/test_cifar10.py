@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 
 import numpy as np
 import pytest
 import torch
 
-from litlab.cli.train import train_run
 from litlab.config import preflight
 from litlab.data import TensorBatches
 from project.vision.cifar10 import FOLDER, CIFAR10DataModule, crop_and_flip
 from tests.cifar_files import write_cifar10
-from tests.conftest import TINY, compose_train
+from tests.conftest import TINY, train_in_process
 
 
 def test_cifar10_is_read_from_its_own_format_and_split_without_a_download(tmp_path):
@@ -63,17 +61,8 @@ def test_crop_and_flip_draws_for_each_image_and_repeats_with_the_seed():
 @pytest.mark.parametrize("model", ["cnn", "resnet"])
 def test_cnn_and_resnet_train_on_cifar10(model, tmp_path):
     root = write_cifar10(tmp_path / "data", images_per_batch=20)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    overrides = [
-        f"paths.log_dir={tmp_path / 'logs'}",
-        "data=cifar10",
-        f"data.root={root}",
-        "data.batch_size=8",
-    ]
-    cfg = compose_train([*overrides, f"model={model}", *TINY], run_dir)
-    train_run(cfg)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    overrides = ["data=cifar10", f"data.root={root}", "data.batch_size=8", f"model={model}", *TINY]
+    summary = train_in_process(tmp_path, *overrides)
     assert summary["status"] == "completed" and summary["groups"]["data"] == "cifar10"
     assert summary["global_step"] == 4 and summary["micro_batch_size"] == 8
     assert np.isfinite(summary["metrics"]["test/loss"]) and len(summary["history"]) == 1

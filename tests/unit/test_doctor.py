@@ -7,15 +7,15 @@ Each run is a real Trainer on the digits; the findings come from the run's own s
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
+
+import pytest
+import torch
 
 from litlab.callbacks.history import count_spikes
-from litlab.cli.train import train_run
 from litlab.run import doctor
 from litlab.run.summary import Summary
-from tests.conftest import compose_train
+from tests.conftest import train_in_process
 
 # No logger, checkpoints or test: the findings need only the training and its validation.
 QUIET = [
@@ -27,12 +27,14 @@ QUIET = [
 ]
 
 
-def run_in_process(tmp_path: Path, *overrides: str) -> dict:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    cfg = compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir)
-    train_run(cfg)
-    return json.loads((run_dir / "summary.json").read_text())
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Steps on one thread: on a busy 2-core machine torch's second thread can make a 5 ms step take
+    150 ms (measured), which would hide a slow loader's wait behind the step, and slow every run here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def symptoms(summary: dict) -> list[str]:
@@ -41,7 +43,7 @@ def symptoms(summary: dict) -> list[str]:
 
 def test_a_healthy_default_run_has_no_finding_and_a_full_history(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="litlab"):
-        summary = run_in_process(tmp_path)  # the default: CNN on the digits, 10 epochs
+        summary = train_in_process(tmp_path)  # the default: CNN on the digits, 10 epochs
     assert summary["status"] == "completed" and summary["diagnosis"] == []
     assert not [r for r in caplog.records if r.getMessage().startswith("doctor:")]
     history = summary["history"]
@@ -59,7 +61,7 @@ def test_a_healthy_default_run_has_no_finding_and_a_full_history(tmp_path, caplo
 
 def test_a_large_net_on_a_tiny_train_split_is_found_overfitting(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="litlab"):
-        summary = run_in_process(
+        summary = train_in_process(
             tmp_path,
             *QUIET,
             "model=mlp",
@@ -81,13 +83,13 @@ def test_a_large_net_on_a_tiny_train_split_is_found_overfitting(tmp_path, caplog
 
 
 def test_a_learning_rate_of_1e_7_is_found_underfitting(tmp_path):
-    summary = run_in_process(tmp_path, *QUIET, "model=mlp", "optimizer.lr=1e-7", "trainer.max_epochs=4")
+    summary = train_in_process(tmp_path, *QUIET, "model=mlp", "optimizer.lr=1e-7", "trainer.max_epochs=4")
     assert symptoms(summary) == ["underfitting"]
     assert "optimizer.lr" in summary["diagnosis"][0]["cures"]
 
 
 def test_a_slow_train_loader_is_found_input_bound(tmp_path):
-    summary = run_in_process(
+    summary = train_in_process(
         tmp_path,
         *QUIET,
         "model=mlp",
@@ -104,7 +106,7 @@ def test_a_slow_train_loader_is_found_input_bound(tmp_path):
 
 
 def test_skipped_non_finite_steps_are_found_unstable(tmp_path):
-    summary = run_in_process(
+    summary = train_in_process(
         tmp_path,
         *QUIET,
         "model=mlp",

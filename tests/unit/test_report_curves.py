@@ -11,11 +11,10 @@ import csv
 import json
 from pathlib import Path
 
-from litlab.cli.train import train_run
 from litlab.report.collect import collect_runs
 from litlab.report.compare import build_report, report_runs
 from litlab.report.render import plot
-from tests.conftest import TINY, compose_train
+from tests.conftest import TINY, train_in_process
 
 
 def write_run(
@@ -116,37 +115,19 @@ def test_the_doctors_findings_are_in_the_report(tmp_path):
         assert [row["diagnosis"] for row in csv.DictReader(file)] == ["", "input-bound"]
 
 
-def run_in_process(run_dir: Path, log_dir: Path, *overrides: str) -> dict:
-    run_dir.mkdir(parents=True)
-    cfg = compose_train([f"paths.log_dir={log_dir}", *overrides], run_dir)
-    train_run(cfg)
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def test_testing_an_earlier_best_checkpoint_keeps_the_whole_history(tmp_path):
     # mode=min on an accuracy that rises: the best checkpoint, which trainer.test restores, is epoch 0's.
-    summary = run_in_process(
-        tmp_path / "run",
-        tmp_path / "logs",
-        "model=mlp",
-        "optimized_metric_mode=min",
-        "trainer.max_epochs=3",
-        *TINY[1:],
-    )
+    overrides = ["model=mlp", "optimized_metric_mode=min", "trainer.max_epochs=3", *TINY[1:]]
+    summary = train_in_process(tmp_path, *overrides)
     assert summary["checkpoints"]["tested"].endswith("epoch_000-step_000004.ckpt")
     assert [entry["epoch"] for entry in summary["history"]] == [0, 1, 2]
 
 
 def test_a_resumed_run_continues_its_history(tmp_path):
     tiny = [*TINY[1:], "model=mlp", "run_name=curve"]
-    first = run_in_process(tmp_path / "first", tmp_path / "logs", *tiny, "trainer.max_epochs=2")
-    resumed = run_in_process(
-        tmp_path / "resumed",
-        tmp_path / "logs",
-        *tiny,
-        "trainer.max_epochs=4",
-        f"resume={first['checkpoints']['last']}",
-    )
+    first = train_in_process(tmp_path, *tiny, "trainer.max_epochs=2", name="first")
+    resume = f"resume={first['checkpoints']['last']}"
+    resumed = train_in_process(tmp_path, *tiny, "trainer.max_epochs=4", resume, name="resumed")
     history = resumed["history"]
     assert [entry["epoch"] for entry in history] == [0, 1, 2, 3]
     assert history[:2] == first["history"]  # the first attempt's epochs as they were recorded

@@ -6,19 +6,13 @@ tests in tests/integration/ start ``litlab-train`` where the process itself is u
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from litlab.cli.train import train_run
-from tests.conftest import TINY, compose_train
+from tests.conftest import TINY, train_in_process
 
 
 def run_in_process(tmp_path: Path, *overrides: str) -> dict:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(parents=True)
-    cfg = compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir)
-    train_run(cfg)
-    return json.loads((run_dir / "summary.json").read_text())
+    return train_in_process(tmp_path, *overrides)
 
 
 def test_the_summary_names_last_ckpt_when_the_best_checkpoint_is_an_earlier_one(tmp_path):
