@@ -1,5 +1,5 @@
 """The console scripts' ``--help`` (in-process: Hydra prints it and exits 0), the known noise they drop
-exactly, and the one line for a pasted path that Hydra cannot read."""
+exactly, the one line for a pasted path that Hydra cannot read, and the model summary's FLOPs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import shlex
 import sys
 import warnings
 
+import lightning as L
 import pytest
+import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.cli import evaluate, quiet, train
 from litlab.cli.paths import check_pasted_paths
 from litlab.config.preflight import CONFIG_DIR
@@ -101,3 +104,40 @@ def test_known_noise_is_dropped_exactly_and_other_warnings_still_show():
     finally:
         tips.removeHandler(handler)
     assert [r.getMessage() for r in records] == ["GPU available: False, used: False"]
+
+
+class TinyNet(L.LightningModule):
+    def __init__(self, with_example_input: bool) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 4)
+        if with_example_input:
+            self.example_input_array = torch.zeros(2, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def test_the_model_summary_shows_counted_flops_or_no_flops_column(caplog):
+    from lightning.pytorch.utilities.model_summary import summarize
+
+    def printed(module: L.LightningModule) -> str:
+        summary = summarize(module)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="litlab"):
+            ModelSummaryWithMeasuredFlops.summarize(
+                summary._get_summary_data(),
+                summary.total_parameters,
+                summary.trainable_parameters,
+                summary.model_size,
+                summary.total_training_modes,
+                total_flops=summary.total_flops,
+            )
+        (record,) = caplog.records
+        return record.getMessage()
+
+    counted = printed(TinyNet(with_example_input=True))
+    assert "FLOPs" in counted.splitlines()[1]  # the column, with Lightning's count: 2 x 16 x 4 x 2
+    assert counted.splitlines()[-1] == f"{'256':<10}Total Flops"
+    uncounted = printed(TinyNet(with_example_input=False))
+    assert "FLOPs" not in uncounted and "Flops" not in uncounted
+    assert uncounted.splitlines()[-1].endswith("Modules in eval mode")

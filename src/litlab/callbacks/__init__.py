@@ -1,2 +1,3 @@
 """The callbacks every litlab run has, whatever its task: run statistics, the non-finite guard, the
-world check, per-step reseeding, the train loader's resume check; and the progress output."""
+world check, per-step reseeding, the train loader's resume check, the per-epoch history, the input
+wait, the run config as the loggers' parameters, the model summary; and the progress output."""

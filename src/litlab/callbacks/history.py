@@ -81,15 +81,17 @@ class TrainingHistory(Callback):
         self._samples += batch_samples(pl_module, batch) * trainer.world_size
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            # Lightning divides the loss by the accumulation; no .item(): it would wait for the GPU.
-            self._losses.append(loss.detach().reshape(()) * trainer.accumulate_grad_batches)
+            # No .item(), no arithmetic: either would wait for the GPU or launch a kernel every step.
+            self._losses.append(loss.detach().reshape(()))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._validated = True
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        losses = torch.stack(self._losses).float() if self._losses else torch.zeros(0)
+        # Lightning divides the loss it hands over by the accumulation.
+        scale = trainer.accumulate_grad_batches
+        losses = torch.stack(self._losses).float() * scale if self._losses else torch.zeros(0)
         self._losses = []
         finite = losses[torch.isfinite(losses)]
         sums = torch.stack([finite.sum(), finite.new_tensor(float(finite.numel()))])

@@ -4,7 +4,9 @@
 LightningModule, ``data._target_`` a LightningDataModule that takes the micro-batch as
 ``batch_size`` (docs/contract.md). The engine adds its own callbacks to every Trainer: run
 statistics, the non-finite guard, the world check, per-step reseeding, the train loader's resume
-check and the run config stored in every checkpoint.
+check, the run config stored in every checkpoint, the per-epoch history and the input wait (for
+summary.json, reports and the doctor), the run config as the loggers' parameters, and the model
+summary.
 """
 
 from __future__ import annotations
