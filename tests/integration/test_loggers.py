@@ -97,6 +97,9 @@ def test_a_sweep_logs_config_metrics_and_final_metrics_to_mlflow_and_wandb_group
 ):
     tiny = [t for t in TINY if not t.startswith(("logger=", "trainer.max_epochs"))]
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "10"}
+    env["OMP_NUM_THREADS"] = (
+        "1"  # what is under test is the logging; one thread trains fastest beside a server
+    )
     # Started right after the server: both spend their first seconds importing.
     result = litlab(
         "litlab-train",

@@ -61,6 +61,9 @@ def overrides_for(group: str, option: str, tmp_path: Path) -> list[str]:
         overrides.append(f"data.root={write_image_folder(tmp_path / 'images')}")
     if group == "logger" and option == "wandb":
         overrides.append("logger.wandb.offline=true")  # no W&B login here
+    if group == "logger" and option in ("mlflow", "many"):
+        # A server URI: the client connects on first use only (the SQLite default migrates a database first).
+        overrides.append("logger.mlflow.tracking_uri=http://127.0.0.1:9")
     if option.startswith("cifar10"):  # data=cifar10 and experiment=cifar10_resnet: files, no download
         overrides.append(f"data.root={write_cifar10(tmp_path / 'cifar10', images_per_batch=4)}")
     if group == "storage" and option in ("s3", "gcs", "mounted"):
