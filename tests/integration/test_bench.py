@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks import bench
+from benchmarks import bench, calls
 from omegaconf import OmegaConf
 
 from litlab.config.preflight import check_train_config
@@ -98,6 +98,21 @@ def test_bare_lightning_and_plain_runners_train_each_task_from_its_config(case, 
         assert len(result["step_ends"]) == steps and len(bench.steady_step_seconds(result)) == steps - warmup
         assert all(seconds > 0 for seconds in bench.steady_step_seconds(result))
     assert 0 < plain["mean_train_loss"] < 10
+
+
+def test_call_counts_are_exact_and_name_every_part_litlab_adds():
+    # In-process, a short window: the counts are deterministic, so the parts can be checked exactly.
+    result = calls.count("mlp-digits", window=(3, 7))
+    parts = result["parts"]
+    assert {"RunStats", "NonFiniteLossGuard", "ReseedEveryStep", "ModelCheckpoint", "logger"} <= parts.keys()
+    dispatch = result["one_callback_that_does_nothing"]
+    assert dispatch > 50  # Lightning's per-step dispatch to one callback, before it does anything
+    # Separate fits of callbacks with no per-step hook of their own: exactly the same count.
+    assert parts["WorldCheck"] == parts["PreemptionCheckpoint"] == dispatch
+    assert parts["NonFiniteLossGuard"] > dispatch  # its per-step gradient check
+    assert result["litlab"] > result["bare_lightning"] + 10 * dispatch
+    table = calls.markdown([result])
+    assert "| + NonFiniteLossGuard |" in table and "| mlp-digits |" in table
 
 
 @pytest.mark.parametrize("size", sorted(bench.ACCELERATOR_SHAPES))
