@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks import bench, calls
+from benchmarks import bench, overhead
 from omegaconf import OmegaConf
 
 from litlab.config.preflight import check_train_config
@@ -100,9 +100,9 @@ def test_bare_lightning_and_plain_runners_train_each_task_from_its_config(case, 
     assert 0 < plain["mean_train_loss"] < 10
 
 
-def test_call_counts_are_exact_and_name_every_part_litlab_adds():
+def test_overhead_counts_calls_exactly_per_part_and_times_pairs():
     # In-process, a short window: the counts are deterministic, so the parts can be checked exactly.
-    result = calls.count("mlp-digits", window=(3, 7))
+    result = overhead.count("mlp-digits", window=(3, 7))
     parts = result["parts"]
     assert {"RunStats", "NonFiniteLossGuard", "ReseedEveryStep", "ModelCheckpoint", "logger"} <= parts.keys()
     dispatch = result["one_callback_that_does_nothing"]
@@ -111,8 +111,11 @@ def test_call_counts_are_exact_and_name_every_part_litlab_adds():
     assert parts["WorldCheck"] == parts["PreemptionCheckpoint"] == dispatch
     assert parts["NonFiniteLossGuard"] > dispatch  # its per-step gradient check
     assert result["litlab"] > result["bare_lightning"] + 10 * dispatch
-    table = calls.markdown([result])
-    assert "| + NonFiniteLossGuard |" in table and "| mlp-digits |" in table
+    timed = overhead.paired("mlp-digits", repeats=1, window=(3, 7))
+    for clock in ("cpu", "wall"):
+        assert all(ms > 0 for ms in timed[clock]["ms"].values()) and len(timed[clock]["runs"]["litlab"]) == 1
+    table = overhead.markdown([result], [timed])
+    assert "| + NonFiniteLossGuard |" in table and "| mlp-digits |" in table and "main-thread CPU" in table
 
 
 @pytest.mark.parametrize("size", sorted(bench.ACCELERATOR_SHAPES))
