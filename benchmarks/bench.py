@@ -1,4 +1,4 @@
-"""``make bench`` (``python -m benchmarks.bench``): what litlab costs, measured against plain PyTorch.
+"""``make bench`` (``python -m benchmarks.bench``): what litlab costs, against Lightning and PyTorch.
 
 Every measurement is a fresh process started from here, one after the other and alternating
 (litlab, bare Lightning, plain, litlab, ...), so machine noise falls on all sides alike. Results go
@@ -6,12 +6,15 @@ to ``logs/bench/<timestamp>/`` as ``bench.json`` and ``bench.md`` (the tables, a
 every process's output under ``processes/`` and its run folder under ``logs/``.
 
 Sections:
-1. step: median time per optimizer step (warm-up excluded) of three runners on the same net, data,
-   optimizer, batch, seed and thread count: ``litlab-train``; ``lightning_floor``, the net in a bare
-   LightningModule (what Lightning's own loop costs); and ``plain_loop``, a hand-written PyTorch loop.
-   Ratios are per repeat, reported as median and min-max. ``--threads`` sets every run's torch
-   threads (default: one per core). Speed options (compile, channels_last, cudnn benchmark) run
-   beside the default litlab run of one case.
+1. step: median time per optimizer step (warm-up excluded) of three runners on the same config
+   (net, data, optimizer, batch, seed, trainer settings, thread count), for each example task:
+   ``litlab-train``; ``bare_lightning``, the same LightningModule and datamodule classes built from
+   the config by litlab's own ``build_module``/``build_datamodule`` and fitted by a plain
+   ``lightning.Trainer`` with no logger, litlab callbacks or checkpointing (litlab / bare Lightning is
+   litlab's own cost, whatever the task); and ``plain_loop``, a hand-written PyTorch loop (the one
+   task-specific part, ``PLAIN_TASKS``). Ratios are per repeat, reported as median and min-max.
+   ``--threads`` sets every run's torch threads (default: one per core). Speed options (compile,
+   channels_last, cudnn benchmark) run beside the default litlab run of one case.
 2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
    and how long a config error (``precision=fp61``) takes to exit.
 3. sweep: a 4-job multirun, Hydra's sequential launcher vs ``hydra/launcher=joblib``.
@@ -34,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +47,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 STEP_TIMER = "benchmarks.step_timer.StepTimer"
 
-# The step-overhead cases: (name, overrides, optimizer steps). cnn-digits is the default run.
+# The step-overhead cases: name -> litlab-train overrides. cnn-digits is the default run; char_lm
+# the second example task.
 STEP_CASES: dict[str, list[str]] = {
     "mlp-digits": ["model=mlp", "data=digits"],
     "cnn-digits": ["model=cnn", "data=digits"],
     "cnn-synthetic-3x32x32": ["model=cnn", "data=synthetic"],
+    "char_lm": ["experiment=char_lm"],
 }
 
 
@@ -58,7 +63,12 @@ class Settings:
 
     repeats: int = 5  # this VM's speed jumps between runs (up to 2x): medians need several
     steps: dict[str, int] = field(
-        default_factory=lambda: {"mlp-digits": 400, "cnn-digits": 300, "cnn-synthetic-3x32x32": 80}
+        default_factory=lambda: {
+            "mlp-digits": 400,
+            "cnn-digits": 300,
+            "cnn-synthetic-3x32x32": 80,
+            "char_lm": 300,
+        }
     )
     warmup_steps: int = 10
     cases: tuple[str, ...] = tuple(STEP_CASES)
@@ -97,35 +107,108 @@ class Settings:
         )
 
 
-# --- the plain PyTorch loop (runs in its own process: `python -m benchmarks.bench plain ...`) ------
+# --- the bare Lightning and plain PyTorch runners (each in its own process: ------------------
+# `python -m benchmarks.bench lightning|plain OUT STEPS WARMUP OVERRIDES...`)
 
 
-def training_setup(overrides: list[str]) -> tuple[Any, Any, Any, Any, Any]:
-    """(config, net, optimizer, images, labels) as litlab-train builds them, without Lightning."""
+def seeded_config(overrides: list[str]) -> Any:
+    """The run's config, composed as litlab-train composes it, with the run's seed set."""
     cfg = compose_train_config(overrides)
+    import lightning as L
+
+    L.seed_everything(cfg.seed, verbose=False)
+    return cfg
+
+
+def bare_lightning(overrides: list[str], steps: int, warmup_steps: int, out: Path) -> None:
+    """The run's own LightningModule and datamodule, built from the same config as litlab-train
+    builds them, fitted by a plain ``lightning.Trainer`` with the config's trainer settings but no
+    logger, no litlab callbacks and no checkpointing, only the step timer: litlab / this is what
+    litlab itself costs, for any task."""
+    cfg = seeded_config(overrides)
+    import lightning as L
+    from omegaconf import OmegaConf
+
+    from benchmarks.step_timer import StepTimer
+    from litlab.config.rules import batch_sizes
+    from litlab.run.build import build_datamodule, build_module
+
+    data = build_datamodule(cfg, batch_sizes(cfg.data, cfg.trainer).micro)
+    module = build_module(cfg)
+    trainer_args = {
+        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        "max_steps": steps,
+        "max_epochs": -1,
+        "enable_model_summary": False,
+    }
+    trainer = L.Trainer(
+        **trainer_args,
+        precision=cfg.precision.value,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[StepTimer(str(out), warmup_steps=warmup_steps, runner="lightning")],
+    )
+    trainer.fit(module, datamodule=data)
+
+
+def vision_task(cfg: Any, data: Any) -> tuple[Any, tuple[Any, ...], Callable[..., Any]]:
+    """(net, training tensors, loss of a batch) of the image classifier, without Lightning."""
     import torch
     from hydra.utils import instantiate
 
-    from litlab.run.build import build_datamodule
+    make_net = instantiate(cfg.model.net, _convert_="all")
+    net = make_net(image_shape=data.image_shape, num_classes=data.num_classes)
 
-    torch.manual_seed(cfg.seed)
-    data = build_datamodule(cfg, cfg.data.batch_size)
-    data.setup("fit")  # no Trainer: the training split of an in-memory datamodule, on the CPU
-    images, labels = data.splits["train"]
-    net = instantiate(cfg.model.net, _convert_="all")(
-        image_shape=data.image_shape, num_classes=data.num_classes
-    )
-    optimizer = instantiate(cfg.optimizer, _convert_="all")(net.parameters())
-    return cfg, net, optimizer, images, labels
+    def loss(images: Any, labels: Any) -> Any:
+        return torch.nn.functional.cross_entropy(net(images), labels)
+
+    return net, data.splits["train"], loss
+
+
+def char_lm_task(cfg: Any, data: Any) -> tuple[Any, tuple[Any, ...], Callable[..., Any]]:
+    """(net, training tensors, loss of a batch) of the character language model, without Lightning."""
+    import torch
+    from hydra.utils import instantiate
+
+    make_net = instantiate(cfg.model.net, _convert_="all")
+    net = make_net(vocab_size=data.vocab_size, block_size=data.block_size)
+
+    def loss(sequences: Any) -> Any:
+        logits = net(sequences[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), sequences[:, 1:].flatten())
+
+    return net, (data.splits["train"],), loss
+
+
+# The plain PyTorch loop is task-specific (the engine knows no task; the bench may): per model._target_.
+PLAIN_TASKS = {
+    "project.vision.module.ImageClassifier": vision_task,
+    "project.char_lm.module.CharLM": char_lm_task,
+}
 
 
 def plain_loop(overrides: list[str], steps: int, warmup_steps: int, out: Path) -> None:
-    """A hand-written training loop, no Lightning: same net, optimizer, data and batch as litlab."""
-    cfg, net, optimizer, images, labels = training_setup(overrides)
+    """A hand-written training loop, no Lightning: the same net, optimizer, data and batch as litlab."""
+    cfg = seeded_config(overrides)
     import torch
+    from hydra.utils import instantiate
 
-    loss_fn = torch.nn.CrossEntropyLoss()
-    batch_size, n = cfg.data.batch_size, len(labels)
+    from litlab.config.rules import batch_sizes
+    from litlab.run.build import build_datamodule
+
+    task = PLAIN_TASKS.get(cfg.model._target_)
+    if task is None:
+        raise SystemExit(
+            f"bench: no plain PyTorch loop for model._target_={cfg.model._target_}: add one to "
+            f"benchmarks/bench.py PLAIN_TASKS (it has {', '.join(PLAIN_TASKS)})"
+        )
+    batch_size = batch_sizes(cfg.data, cfg.trainer).micro
+    data = build_datamodule(cfg, batch_size)
+    data.setup("fit")  # no Trainer: the training split of an in-memory datamodule, on the CPU
+    net, tensors, loss_of = task(cfg, data)
+    optimizer = instantiate(cfg.optimizer, _convert_="all")(net.parameters())
+    n = len(tensors[0])
     net.train()
     step_ends: list[float] = []
     step_cpu_ends: list[float] = []
@@ -135,7 +218,7 @@ def plain_loop(overrides: list[str], steps: int, warmup_steps: int, out: Path) -
         order = torch.randperm(n)
         for start in range(0, n, batch_size):
             index = order[start : start + batch_size]
-            loss = loss_fn(net(images[index]), labels[index])
+            loss = loss_of(*(t[index] for t in tensors))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -147,6 +230,7 @@ def plain_loop(overrides: list[str], steps: int, warmup_steps: int, out: Path) -
                 break
     result = {
         "runner": "plain",
+        "net": type(net).__name__,
         "first_step_unix": first_step_unix,
         "step_ends": step_ends,
         "step_cpu_ends": step_cpu_ends,
@@ -156,50 +240,6 @@ def plain_loop(overrides: list[str], steps: int, warmup_steps: int, out: Path) -
         "mean_train_loss": float(loss_sum) / steps,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
-
-
-def lightning_floor(overrides: list[str], steps: int, warmup_steps: int, out: Path) -> None:
-    """The same training in a bare LightningModule (loss only, no logger, no callbacks but the
-    timer): what Lightning's loop itself costs, so litlab's own share can be told apart."""
-    cfg, net, optimizer, images, labels = training_setup(overrides)
-    import lightning as L
-    import torch
-
-    from benchmarks.step_timer import StepTimer
-
-    class Bare(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-
-        def configure_optimizers(self) -> Any:
-            return optimizer
-
-    class Batches:  # the plain loop's batching, as an iterable Lightning can take
-        def __len__(self) -> int:
-            return -(-len(labels) // cfg.data.batch_size)
-
-        def __iter__(self) -> Any:
-            order = torch.randperm(len(labels))
-            for start in range(0, len(labels), cfg.data.batch_size):
-                index = order[start : start + cfg.data.batch_size]
-                yield images[index], labels[index]
-
-    timer = StepTimer(str(out), warmup_steps=warmup_steps, runner="lightning")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[timer],
-    )
-    trainer.fit(Bare(), train_dataloaders=Batches())
 
 
 def compose_train_config(overrides: list[str]) -> Any:
@@ -325,6 +365,8 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
 
 
 RUNNERS = ("litlab", "lightning", "plain")
+# issue 12: litlab may add at most 5% to the per-step time of the same training in bare Lightning.
+LITLAB_VS_LIGHTNING_TARGET = 1.05
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -356,10 +398,15 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
                 pair[f"{runner}_step_ms"] = median_ms(result)
                 pair[f"{runner}_cpu_ms"] = median_ms(result, "step_cpu_ends")
                 pair[f"{runner}_steps"] = len(result["step_ends"])
+            modules = {results[r]["module"] for r in ("litlab", "lightning")}
+            if len(modules) != 1:
+                raise RuntimeError(f"{name}: litlab and bare Lightning trained different modules {modules}")
+            pair["module"] = modules.pop()
             pair["ratio"] = pair["litlab_step_ms"] / pair["plain_step_ms"]
             pair["lightning_ratio"] = pair["lightning_step_ms"] / pair["plain_step_ms"]
-            pair["cpu_ratio"] = pair["litlab_cpu_ms"] / pair["plain_cpu_ms"]
             pair["litlab_vs_lightning"] = pair["litlab_step_ms"] / pair["lightning_step_ms"]
+            # The main thread's CPU time: what other processes on the machine do not change.
+            pair["cpu_litlab_vs_lightning"] = pair["litlab_cpu_ms"] / pair["lightning_cpu_ms"]
             case["runs"].append(pair)
             if name == settings.options_case:
                 for option in settings.options:
@@ -393,7 +440,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
         runs = case["runs"]
         for runner in RUNNERS:
             case[f"{runner}_step_ms"] = statistics.median(r[f"{runner}_step_ms"] for r in runs)
-        for ratio in ("ratio", "lightning_ratio", "cpu_ratio", "litlab_vs_lightning"):
+        for ratio in ("ratio", "lightning_ratio", "litlab_vs_lightning", "cpu_litlab_vs_lightning"):
             case[ratio] = spread([r[ratio] for r in runs])
         for option, variants in case.get("options", {}).items():
             case["options"][option] = {
@@ -609,21 +656,22 @@ def markdown(result: dict[str, Any]) -> str:
         repeats = len(next(iter(cases.values()))["runs"])
         lines += [
             f"**Step time** (median ms per optimizer step after warm-up, {repeats} alternating repeats; "
-            "bare Lightning: the same net in a LightningModule with no logger, metrics or callbacks)",
+            "bare Lightning: the same LightningModule and datamodule, built from the same config, in a "
+            "plain Trainer with no logger, litlab callbacks or checkpointing; target for litlab / bare "
+            f"Lightning: {LITLAB_VS_LIGHTNING_TARGET})",
             "",
-            "| case | steps | plain PyTorch | bare Lightning | litlab | litlab / plain (min-max) "
-            "| bare Lightning / plain | litlab / bare Lightning | litlab / plain, CPU time |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| case | module | steps | plain PyTorch | bare Lightning | litlab | **litlab / bare Lightning** "
+            "(min-max) | same, main-thread CPU time | bare Lightning / plain | litlab / plain (min-max) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, case in cases.items():
-            ratio, floor, cpu = case["ratio"], case["lightning_ratio"], case["cpu_ratio"]
-            own = case["litlab_vs_lightning"]
+            own, cpu = case["litlab_vs_lightning"], case["cpu_litlab_vs_lightning"]
+            ratio, floor = case["ratio"], case["lightning_ratio"]
             lines.append(
-                f"| {name} | {case['steps']} | {case['plain_step_ms']:.2f} | {case['lightning_step_ms']:.2f} "
-                f"| {case['litlab_step_ms']:.2f} "
-                f"| **{ratio['median']:.2f}** ({ratio['min']:.2f}-{ratio['max']:.2f}) "
-                f"| {floor['median']:.2f} | {own['median']:.2f} ({own['min']:.2f}-{own['max']:.2f}) "
-                f"| {cpu['median']:.2f} |"
+                f"| {name} | {case['runs'][0]['module']} | {case['steps']} | {case['plain_step_ms']:.2f} "
+                f"| {case['lightning_step_ms']:.2f} | {case['litlab_step_ms']:.2f} "
+                f"| **{own['median']:.3f}** ({own['min']:.3f}-{own['max']:.3f}) | {cpu['median']:.3f} "
+                f"| {floor['median']:.2f} | {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) |"
             )
         lines.append("")
         for name, case in cases.items():
@@ -801,7 +849,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][bench] %(message)s")
     if argv[:1] in (["plain"], ["lightning"]):
         out, steps, warmup, *overrides = argv[1:]
-        runner = plain_loop if argv[0] == "plain" else lightning_floor
+        runner = plain_loop if argv[0] == "plain" else bare_lightning
         runner(overrides, int(steps), int(warmup), Path(out))
     elif argv[:1] == ["probe"]:
         out, device, size, max_batch = argv[1:]

@@ -63,6 +63,7 @@ class StepTimer(Callback):
         device = trainer.strategy.root_device
         return {
             "runner": self.runner,
+            "module": type(trainer.lightning_module).__name__,
             "first_step_unix": self.first_step_unix,
             "step_ends": self.step_ends,
             "step_cpu_ends": self.step_cpu_ends,

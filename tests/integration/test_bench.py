@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks import bench
+from benchmarks import bench, overhead
 from omegaconf import OmegaConf
 
 from litlab.config.preflight import check_train_config
@@ -39,9 +39,11 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     (run,) = case["runs"]
     assert {run[f"{r}_steps"] for r in bench.RUNNERS} == {case["steps"]}
     assert run["threads"] == report["machine"]["threads"]
+    assert run["module"] == "ImageClassifier"  # litlab and bare Lightning trained the same class
+    assert run["litlab_vs_lightning"] == pytest.approx(run["litlab_step_ms"] / run["lightning_step_ms"])
     assert run["ratio"] == pytest.approx(run["litlab_step_ms"] / run["plain_step_ms"])
     assert all(run[f"{r}_step_ms"] > 0 for r in bench.RUNNERS)
-    assert "| cnn-digits | 30 |" in table
+    assert "| cnn-digits | ImageClassifier | 30 |" in table
     (option,) = case["options"].values()  # tiny: model.channels_last=true beside the default run
     assert option["step_ms"] > 0 and len(option["runs"]) == 1
     assert "`model.channels_last=true`" in table
@@ -78,6 +80,42 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
         }
         assert steps["train/loss_step"] == [9, 19, 29]
         assert steps["train/loss"] == steps["train/acc"] == [19, 29]
+
+
+@pytest.mark.parametrize(
+    ("case", "module", "net"),
+    [("mlp-digits", "ImageClassifier", "MLP"), ("char_lm", "CharLM", "CausalTransformer")],
+)
+def test_bare_lightning_and_plain_runners_train_each_task_from_its_config(case, module, net, tmp_path):
+    # In-process (the tiny bench above runs them as processes for one case): the same runners serve
+    # both example tasks, bare Lightning with the task's own LightningModule built from its config.
+    steps, warmup = 6, 2
+    bench.bare_lightning(bench.STEP_CASES[case], steps, warmup, tmp_path / "lightning.json")
+    bench.plain_loop(bench.STEP_CASES[case], steps, warmup, tmp_path / "plain.json")
+    lightning, plain = (json.loads((tmp_path / f"{r}.json").read_text()) for r in ("lightning", "plain"))
+    assert (lightning["module"], plain["net"]) == (module, net)
+    for result in (lightning, plain):
+        assert len(result["step_ends"]) == steps and len(bench.steady_step_seconds(result)) == steps - warmup
+        assert all(seconds > 0 for seconds in bench.steady_step_seconds(result))
+    assert 0 < plain["mean_train_loss"] < 10
+
+
+def test_overhead_counts_calls_exactly_per_part_and_times_pairs():
+    # In-process, a short window: the counts are deterministic, so the parts can be checked exactly.
+    result = overhead.count("mlp-digits", window=(3, 7))
+    parts = result["parts"]
+    assert {"RunStats", "NonFiniteLossGuard", "ReseedEveryStep", "ModelCheckpoint", "logger"} <= parts.keys()
+    dispatch = result["one_callback_that_does_nothing"]
+    assert dispatch > 50  # Lightning's per-step dispatch to one callback, before it does anything
+    # Separate fits of callbacks with no per-step hook of their own: exactly the same count.
+    assert parts["WorldCheck"] == parts["PreemptionCheckpoint"] == dispatch
+    assert parts["NonFiniteLossGuard"] > dispatch  # its per-step gradient check
+    assert result["litlab"] > result["bare_lightning"] + 10 * dispatch
+    timed = overhead.paired("mlp-digits", repeats=1, window=(3, 7))
+    for clock in ("cpu", "wall"):
+        assert all(ms > 0 for ms in timed[clock]["ms"].values()) and len(timed[clock]["runs"]["litlab"]) == 1
+    table = overhead.markdown([result], [timed])
+    assert "| + NonFiniteLossGuard |" in table and "| mlp-digits |" in table and "main-thread CPU" in table
 
 
 @pytest.mark.parametrize("size", sorted(bench.ACCELERATOR_SHAPES))

@@ -42,8 +42,8 @@ def test_every_group_has_the_documented_options():
             "lr_monitor",
             "progress",
         },
-        "data": {"digits", "synthetic", "image_folder", "cifar10"},
-        "model": {"mlp", "cnn", "resnet"},
+        "data": {"digits", "synthetic", "image_folder", "cifar10", "pydoc_topics"},
+        "model": {"mlp", "cnn", "resnet", "char_transformer"},
         "optimizer": {"adamw", "sgd"},
         "scheduler": {"none", "cosine", "exponential", "onecycle"},
         "logger": {"tensorboard", "csv", "none", "mlflow", "wandb", "many"},
@@ -55,8 +55,17 @@ def test_every_group_has_the_documented_options():
         assert names <= set(option_names(group)), group
 
 
+# Options of the char_lm example that need each other (its model reads text, not images).
+PARTNERS = {
+    ("model", "char_transformer"): "data=pydoc_topics",
+    ("data", "pydoc_topics"): "model=char_transformer",
+}
+
+
 def overrides_for(group: str, option: str, tmp_path: Path) -> list[str]:
     overrides = [f"{group}={option}"]
+    if (group, option) in PARTNERS:
+        overrides.append(PARTNERS[group, option])
     if group == "data" and option == "image_folder":
         overrides.append(f"data.root={write_image_folder(tmp_path / 'images')}")
     if group == "logger" and option == "wandb":
