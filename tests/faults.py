@@ -62,3 +62,30 @@ class DigitsInALeftoverProcessGroup(DigitsDataModule):
                 port = s.getsockname()[1]
             url = f"tcp://127.0.0.1:{port}"
             torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+
+
+class MLPFailingOnOneRank(MLP):
+    """An MLP that fails on purpose in one rank's training forward pass, as $LITLAB_TEST_FAULT says:
+    ``<kind>@<rank>:<call>`` with kind ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError) or ``oom``
+    (CUDA's out-of-memory error), on global rank ``rank``, at its ``call``-th training forward pass
+    (counted from 1 in this process). ``oom@*:1`` fails on every rank."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fault = os.environ.get("LITLAB_TEST_FAULT")
+        if self.training and fault:
+            self._calls += 1
+            kind, where = fault.split("@")
+            rank, call = where.split(":")
+            from litlab.logs import global_rank
+
+            if rank in ("*", str(global_rank())) and self._calls == int(call):
+                if kind == "kill":
+                    os.kill(os.getpid(), 9)
+                if kind == "oom":
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+                raise RuntimeError(f"injected failure on rank {global_rank()}")
+        return super().forward(x)

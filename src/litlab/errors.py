@@ -42,16 +42,28 @@ class LitlabError(CompactHydraException):
 
 
 def failure_reason(error: BaseException) -> str:
-    """The text summary.json records for a failed run."""
+    """The text summary.json records for a failed run: in a multi-rank run, which rank failed and why."""
+    world = _multi_rank_world()
+    if world is not None and not isinstance(error, (SystemExit, KeyboardInterrupt)):
+        return world.explain(error)
     if isinstance(error, LitlabError):
         return error.reason
     return f"{type(error).__name__}: {error}"
 
 
+def _multi_rank_world():  # noqa: ANN202 - litlab.launch.failures.World, imported only once a fit used it
+    failures = sys.modules.get("litlab.launch.failures")  # loaded by the engine's callbacks, with torch
+    return failures.current_world() if failures is not None else None
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Turns errors that mean "change the config" (litlab's ConfigError, Lightning's
-    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too."""
+    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too.
+
+    In a multi-rank run every error ends the same way on every rank: one line naming the rank that
+    failed and why (``litlab.launch.failures``), the traceback of this rank's own error in train.log.
+    """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
@@ -61,10 +73,26 @@ def one_line_errors() -> Iterator[None]:
             raise LitlabError(" ".join(str(error).split())) from error  # Lightning's span lines
     except LitlabError as error:
         log.error(error.reason)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+        _exit_in_one_line(error, error.exit_code)
+    except Exception as error:
+        world = _multi_rank_world()
+        if world is None:
             raise
-        sys.stderr.write(f"{error}\n")  # the last line of stderr, like preflight's
-        sys.exit(error.exit_code)
+        from litlab.launch.failures import lost_a_peer
+
+        log.error("rank %d stopped", world.rank, exc_info=not lost_a_peer(error))
+        _exit_in_one_line(error, 1)
+
+
+def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+        raise error
+    world = _multi_rank_world()
+    reason = world.explain(error) if world is not None else error.reason
+    if world is not None:
+        world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
+    sys.stderr.write(f"litlab: error: {reason}\n")  # the last line of stderr, like preflight's
+    sys.exit(exit_code)
 
 
 def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:

@@ -29,6 +29,7 @@ from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
+from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.logs import route_lightning_logs_to_root
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
@@ -191,7 +192,8 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
     config = OmegaConf.to_container(cfg, resolve=True)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     stored = RunConfigInCheckpoint(config, choices)  # litlab-eval rebuilds the run from a checkpoint
-    return [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored]
+    ranks = [WatchTheRanks(), StopTogetherOnSigterm()]  # a failed rank or a SIGTERM stops every rank
+    return [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored, *ranks]
 
 
 def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:

@@ -32,8 +32,15 @@ from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
 from litlab.storage import resume
-from litlab.storage.checkpoints import last_checkpoint
-from litlab.storage.roots import RunStorage, check_storage, storage_options, use_storage_options
+from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
+from litlab.storage.roots import (
+    RunStorage,
+    StorageFailed,
+    check_storage,
+    storage_options,
+    use_storage_options,
+    write_text_atomic,
+)
 
 log = logging.getLogger("litlab")
 
@@ -100,14 +107,32 @@ class Run:
         """Writes a ``status: failed`` summary (with the error) if the block raises, then re-raises."""
         try:
             yield
+        except StorageFailed as error:
+            # Said with what the run leaves to resume from (a new error: Lightning's frames hold the old one).
+            failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept_checkpoint(trainer)}")
+            self._write_failed_summary(cfg, trainer, failed)
+            raise failed from error
         except BaseException as error:
             preempted = isinstance(error, SIGTERMException)
             status = INTERRUPTED if preempted else FAILED
-            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+            self._write_failed_summary(cfg, trainer, error, status)
             if preempted:  # Lightning's SIGTERMException would exit with status 0
-                log.warning("SIGTERM: exiting with status %d; the same command resumes", PREEMPTED_EXIT_CODE)
+                log.warning(
+                    "SIGTERM: stopped at global step %d, exiting with status %d; the same command resumes",
+                    trainer.global_step,
+                    PREEMPTED_EXIT_CODE,
+                )
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error
             raise
+
+    def _write_failed_summary(
+        self, cfg: DictConfig, trainer: L.Trainer, error: BaseException, status: str = FAILED
+    ) -> None:
+        """summary.json of a run that stopped; a storage that fails here too cannot hide the first error."""
+        try:
+            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+        except (StorageFailed, OSError) as also:
+            log.warning("summary.json of the stopped run not written everywhere: %s", also)
 
 
 def run_identity(cfg: DictConfig) -> str:
@@ -200,7 +225,7 @@ def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **
     summary = summarise(cfg, trainer, run, status, **extra)
     if run.is_global_zero:
         text = summary.to_json()
-        (run.dir / "summary.json").write_text(text)
+        write_text_atomic(run.dir / "summary.json", text)  # a full disk never leaves half a summary
         run.storage.write_text("summary.json", text)
     return summary
 
