@@ -30,6 +30,7 @@ from litlab.callbacks.world import WorldCheck
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
+from litlab.launch.ranks import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
@@ -171,6 +172,7 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
     )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
     warn_about_setup(cfg, trainer.world_size)
+    join_restarted_torchrun_group(trainer)  # works around stale addresses in torchrun's store
     return trainer
 
 

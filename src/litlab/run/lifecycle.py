@@ -8,7 +8,6 @@ reports, sweeps and resume read.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import platform
 import subprocess
@@ -30,9 +29,11 @@ from litlab.config.rules import BatchSizes
 from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
+from litlab.run.identity import run_identity
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
 from litlab.storage import resume
 from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
+from litlab.storage.lock import RunLock
 from litlab.storage.roots import (
     RunStorage,
     StorageFailed,
@@ -44,17 +45,6 @@ from litlab.storage.roots import (
 
 log = logging.getLogger("litlab")
 
-# Overrides that say where or how a run is launched, not what it is: not part of its identity.
-_NOT_IDENTITY = (
-    "hydra.",
-    "resume",
-    "run_name",
-    "paths.",
-    "storage.",
-    "hydra/",
-    "storage=",
-    "sweep_isolation",
-)
 PREEMPTED_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
@@ -71,6 +61,14 @@ class Run:
     stats: RunStats | None = None
     resume_exact: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more summary fields (nonfinite, oom, tune, world)
+    lock: RunLock | None = None  # held by global rank 0 while the run trains
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def checkpoint_dir(self) -> str:
@@ -135,19 +133,9 @@ class Run:
             log.warning("summary.json of the stopped run not written everywhere: %s", also)
 
 
-def run_identity(cfg: DictConfig) -> str:
-    """``run_name``, or the experiment name plus a hash of the overrides that define the run."""
-    if cfg.run_name:
-        return str(cfg.run_name)
-    overrides = sorted(
-        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(_NOT_IDENTITY)
-    )
-    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
-    return f"{cfg.experiment_name}-{digest}"
-
-
 def prepare_run(cfg: DictConfig) -> Run:
-    """Seed, and decide the run's identity, storage folder and resume point."""
+    """Seed, and decide the run's identity, storage folder and resume point; take the run's lock
+    (``with prepare_run(cfg) as run:`` releases it)."""
     check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -156,6 +144,9 @@ def prepare_run(cfg: DictConfig) -> Run:
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
+    if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
+        run.lock = RunLock(storage)
+        run.lock.acquire()
     run.resume = resume.decide(
         str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
     )
