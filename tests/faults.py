@@ -9,9 +9,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 
 import torch
 
+from litlab.logs import global_rank
 from project.vision.data import DigitsDataModule
 from project.vision.nets import MLP
 
@@ -67,8 +69,8 @@ class DigitsInALeftoverProcessGroup(DigitsDataModule):
 class MLPFailingOnOneRank(MLP):
     """An MLP that fails on purpose in one rank's training forward pass, as $LITLAB_TEST_FAULT says:
     ``<kind>@<rank>:<call>`` with kind ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError) or ``oom``
-    (CUDA's out-of-memory error), on global rank ``rank``, at its ``call``-th training forward pass
-    (counted from 1 in this process). ``oom@*:1`` fails on every rank."""
+    (CUDA's out-of-memory error), on global rank ``rank`` (``*``: every rank), at its ``call``-th
+    training forward pass, counted from 1 in this process. Without the variable, the plain MLP."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -80,12 +82,12 @@ class MLPFailingOnOneRank(MLP):
             self._calls += 1
             kind, where = fault.split("@")
             rank, call = where.split(":")
-            from litlab.logs import global_rank
-
             if rank in ("*", str(global_rank())) and self._calls == int(call):
                 if kind == "kill":
-                    os.kill(os.getpid(), 9)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if kind == "oom":
-                    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+                    raise torch.cuda.OutOfMemoryError(
+                        "CUDA out of memory. Tried to allocate 2.00 GiB (injected)"
+                    )
                 raise RuntimeError(f"injected failure on rank {global_rank()}")
         return super().forward(x)

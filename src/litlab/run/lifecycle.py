@@ -107,7 +107,8 @@ class Run:
             yield
         except StorageFailed as error:
             # Said with what the run leaves to resume from (a new error: Lightning's frames hold the old one).
-            failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept_checkpoint(trainer)}")
+            kept = f"{kept_checkpoint(trainer)}; once the storage works again the same command resumes"
+            failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept}")
             self._write_failed_summary(cfg, trainer, failed)
             raise failed from error
         except BaseException as error:
