@@ -44,6 +44,7 @@ from typing import Any
 import lightning as L
 import psutil
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from litlab.errors import LitlabError
@@ -330,27 +331,61 @@ def every_rank_out_of_memory(step: int, attempt: int) -> bool:
 
 class StopTogetherOnSigterm(Callback):
     """SIGTERM on any rank stops every rank at the same batch boundary (then ``PreemptionCheckpoint``
-    writes preempted.ckpt and the run exits 143). In a single process, as Lightning does it."""
+    writes preempted.ckpt and the run exits 143). In a single process, as Lightning does it.
+
+    Under Slurm, the requeue signal (SIGUSR1, what ``#SBATCH --signal=USR1@90`` sends before the time
+    limit) does the same, and then rank 0 requeues the job (``scontrol requeue``): the job starts
+    again with the same id, in the same run directory, and resumes from preempted.ckpt. This replaces
+    Lightning's auto-requeue, which saves its own checkpoint from inside the signal handler (a
+    collective there pairs with whatever the other ranks are doing) into the run directory, where
+    litlab's resume does not look.
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self.requeue = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here, not in setup: Lightning installs its own handler after the setup hooks.
-        if threading.current_thread() is threading.main_thread():
-            self.requested = False
-            signal.signal(signal.SIGTERM, lambda signum, frame: self._note(trainer))
+        # Here, not in setup: Lightning installs its own handlers after the setup hooks.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.requested = self.requeue = False
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._note(trainer, "SIGTERM"))
+        environment = trainer._accelerator_connector.cluster_environment
+        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+            requeue_signal = environment.requeue_signal
+            signal.signal(requeue_signal, lambda signum, frame: self._note(trainer, requeue_signal.name))
 
-    def _note(self, trainer: L.Trainer) -> None:
+    def _note(self, trainer: L.Trainer, name: str) -> None:
         self.requested = True
-        log.warning("SIGTERM on rank %d: every rank stops after this batch", trainer.global_rank)
+        self.requeue = self.requeue or name != "SIGTERM"
+        log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
         if trainer.world_size == 1:
-            trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it stops there
+            self._stop(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(self.requested, all=False):
-            # Set on every rank after the same batch: Lightning raises SIGTERMException at its end.
-            trainer._signal_connector.received_sigterm = True
+        if trainer.world_size > 1:
+            flags = [int(self.requested), int(self.requeue)]
+            decisions = torch.tensor(flags, device=trainer.strategy.root_device)
+            requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
+            if requested:  # on every rank, after the same batch
+                self.requeue = requeue
+                self._stop(trainer)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
+        if self.requeue and trainer.is_global_zero:
+            atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
+
+
+def _requeue_this_job() -> None:
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{task}" if array_job and task else os.environ["SLURM_JOB_ID"]
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode == 0:
+        log.warning("requeued Slurm job %s: it resumes from preempted.ckpt when it starts again", job)
+    else:
+        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
 
 
 def _how_it_ended(code: int) -> str:
