@@ -48,7 +48,24 @@ def failure_reason(error: BaseException) -> str:
         return world.explain(error)
     if isinstance(error, LitlabError):
         return error.reason
-    return f"{type(error).__name__}: {error}"
+    return spawned_rank_failure(error) or f"{type(error).__name__}: {error}"
+
+
+def spawned_rank_failure(error: BaseException) -> str | None:
+    """Which ``strategy=ddp_spawn`` rank failed and why, from the error torch.multiprocessing raises in
+    the launching process (it carries the rank's traceback as text); None for other errors."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    rank = getattr(error, "error_index", "?")
+    if "ProcessRaisedException" in names:
+        last = [line for line in str(getattr(error, "msg", error)).splitlines() if line.strip()][-1]
+        kind, _, message = last.partition(": ")
+        if message.startswith("litlab: error: "):
+            return f"rank {rank}: {message.removeprefix('litlab: error: ')}"
+        return f"rank {rank} failed: {kind.rsplit('.', 1)[-1]}: {message}"
+    if "ProcessExitedException" in names:
+        how = f"was killed by {error.signal_name}" if getattr(error, "signal_name", None) else "exited"
+        return f"rank {rank} {how} (exit code {getattr(error, 'exit_code', '?')})"
+    return None
 
 
 def _multi_rank_world():  # noqa: ANN202 - litlab.launch.failures.World, imported only once a fit used it
@@ -75,6 +92,10 @@ def one_line_errors() -> Iterator[None]:
         log.error(error.reason)
         _exit_in_one_line(error, error.exit_code)
     except Exception as error:
+        spawned = spawned_rank_failure(error)
+        if spawned is not None:  # strategy=ddp_spawn: the rank's traceback went to its own output
+            log.error(spawned)
+            _exit_in_one_line(LitlabError(spawned), 1)
         world = _multi_rank_world()
         if world is None:
             raise

@@ -28,10 +28,11 @@ from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
-from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
+from litlab.errors import LitlabError, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.launch.ranks import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
+from litlab.run.combinations import check_combination, trainer_errors
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
 
@@ -108,13 +109,15 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
 
 
 def check_by_building(cfg: DictConfig) -> None:
-    """Build what is cheap to build, as the run will: the datamodule (constructors take values, the
-    data loads in ``setup``), and the optimizer partial on one parameter. Raises ConfigError with
-    the setting that was rejected. The module is not built here: a large network would be built twice."""
+    """Build what is cheap to build, as the run will: the accelerator x strategy check, the datamodule
+    (constructors take values, the data loads in ``setup``), and the optimizer partial on one
+    parameter. Raises ConfigError with the setting that was rejected. The module is not built here:
+    a large network would be built twice."""
     import torch
 
     sizes = batch_sizes(cfg.data, cfg.trainer)
     try:
+        check_combination(cfg.trainer, cfg.strategy)
         build_datamodule(cfg, sizes.micro)
         optimizer = _instantiate("optimizer", cfg.optimizer)
         if callable(optimizer):
@@ -157,19 +160,20 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
     loggers = build_loggers(cfg, run)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    check_gpus_available(cfg.trainer)
-    trainer = L.Trainer(
-        **trainer_args,
-        strategy=build_strategy(cfg.strategy),
-        precision=cfg.precision.value,
-        callbacks=callbacks,
-        logger=loggers,
-        # Lightning adds its own checkpoint callback and progress bar unless told there are none.
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
-        default_root_dir=str(run.dir),
-        plugins=[AtomicCheckpointIO()],  # a kill mid-write never leaves a truncated checkpoint
-    )
+    check_combination(cfg.trainer, cfg.strategy)  # no such GPU, FSDP on a CPU: one line, not a traceback
+    with trainer_errors(cfg.trainer, cfg.strategy, cfg.precision):
+        trainer = L.Trainer(
+            **trainer_args,
+            strategy=build_strategy(cfg.strategy),
+            precision=cfg.precision.value,
+            callbacks=callbacks,
+            logger=loggers,
+            # Lightning adds its own checkpoint callback and progress bar unless told there are none.
+            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+            enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+            default_root_dir=str(run.dir),
+            plugins=[AtomicCheckpointIO()],  # a kill or a full disk mid-write never truncates a checkpoint
+        )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
     warn_about_setup(cfg, trainer.world_size)
     join_restarted_torchrun_group(trainer)  # works around stale addresses in torchrun's store
