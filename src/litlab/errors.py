@@ -41,6 +41,15 @@ class LitlabError(CompactHydraException):
         return f"litlab: error: {self.reason}"
 
 
+def error_chain(error: BaseException) -> list[BaseException]:
+    """The error and those it was raised from or while handling, innermost last."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
 def failure_reason(error: BaseException) -> str:
     """The text summary.json records for a failed run: in a multi-rank run, which rank failed and why."""
     world = _multi_rank_world()

@@ -7,14 +7,18 @@ wait of a requeued job, ``cred_expire``, from Slurm's 120 s to 10 s.)"""
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, ok, run_dirs, summary
-from tests.integration.test_slurm_launcher import CPU_DDP, JOB_TIMEOUT_S, _slurm_env, _wait_until_finished
+from tests.conftest import TINY, ok, run_dirs, summary
+from tests.integration.test_slurm_launcher import (
+    CPU_DDP,
+    JOB_TIMEOUT_S,
+    _wait_until_finished,
+    submit_train_batch,
+)
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slow
@@ -40,17 +44,7 @@ def test_requeue_signal_stops_both_ranks_requeues_the_job_and_it_resumes_in_its_
         "callbacks.checkpoint.every_n_train_steps=2",
         "callbacks.progress.every_n_steps=1",
     ]
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
-        + [f"--output={out}", str(REPO / "scripts" / "slurm" / "train.sbatch"), *args],
-        env=_slurm_env(slurm_cluster),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    ok(submitted)
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = submit_train_batch(slurm_cluster, out, *args)
     _wait_for(out, r"\] epoch 0(?:/\d+)? step [4-9]:", slurm_cluster, job_id)
     ok(slurm_cluster.run("scancel", "--signal=USR1", job_id, timeout=30))  # to every task of the step
 

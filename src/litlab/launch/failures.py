@@ -47,7 +47,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
-from litlab.errors import LitlabError
+from litlab.errors import LitlabError, error_chain
 
 log = logging.getLogger("litlab")
 
@@ -265,7 +265,7 @@ def current_world() -> World | None:
 def lost_a_peer(error: BaseException) -> bool:
     """Whether an error means a collective lost its connection to another rank."""
     dist_error = getattr(torch.distributed, "DistError", ())
-    for chained in _chain(error):
+    for chained in error_chain(error):
         if dist_error and isinstance(chained, dist_error):
             return True
         if isinstance(chained, RuntimeError) and any(marker in str(chained) for marker in _PEER_LOST):
@@ -402,14 +402,6 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    while error is not None and error not in seen:
-        seen.append(error)
-        error = error.__cause__ or error.__context__
-    return seen
 
 
 def _one_line(text: str) -> str:

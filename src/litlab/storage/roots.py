@@ -33,7 +33,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from litlab.errors import LitlabError
+from litlab.errors import LitlabError, error_chain
 
 log = logging.getLogger("litlab")
 
@@ -99,13 +99,13 @@ def storage_cause(error: BaseException, url: str) -> str | None:
         if os_error.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"{reason} (errno {errno.errorcode[os_error.errno]})"
         return f"{reason} ({os_error.filename or url})"
-    names = {cls.__name__ for chained in _chain(error) for cls in type(chained).__mro__}
+    names = {cls.__name__ for chained in error_chain(error) for cls in type(chained).__mro__}
     remote_errors = _UNREACHABLE | {"ClientError", "HTTPClientError", "BotoCoreError", "NoCredentialsError"}
     if not names & remote_errors and os_error is None:
         return None
     options = fsspec.config.conf.get(protocol, {})
     endpoint = _endpoint(protocol, options)
-    unreachable = [e for e in _chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
+    unreachable = [e for e in error_chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
     if unreachable:
         attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
         tries = f" after {attempts} attempts" if attempts else ""
@@ -114,19 +114,10 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     return _cause(error, url, endpoint)
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-    """The error and the errors it was raised from or while handling, innermost last."""
-    seen: list[BaseException] = []
-    while error is not None and error not in seen:
-        seen.append(error)
-        error = error.__cause__ or error.__context__
-    return seen
-
-
 def _os_error_in(error: BaseException) -> OSError | None:
     # torch.save reports a full disk as RuntimeError("... unexpected pos ..."), raised while handling
     # the OSError that the file's write() raised: the errno is in the chain.
-    return next((e for e in _chain(error) if isinstance(e, OSError) and e.errno is not None), None)
+    return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
 
 
 def protocol_of(url: str) -> str:
