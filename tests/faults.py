@@ -9,11 +9,13 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import time
 import warnings
 
 import torch
 
+from litlab.logs import global_rank
 from project.vision.data import DigitsDataModule
 from project.vision.nets import MLP
 
@@ -118,3 +120,30 @@ class DigitsOnAPlainDataLoader(DigitsDataModule):
         images, labels = self.splits["train"]
         dataset = torch.utils.data.TensorDataset(images, labels)
         return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=True)
+
+
+class MLPFailingOnOneRank(MLP):
+    """An MLP that fails on purpose in one rank's training forward pass, as $LITLAB_TEST_FAULT says:
+    ``<kind>@<rank>:<call>`` with kind ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError) or ``oom``
+    (CUDA's out-of-memory error), on global rank ``rank`` (``*``: every rank), at its ``call``-th
+    training forward pass, counted from 1 in this process. Without the variable, the plain MLP."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fault = os.environ.get("LITLAB_TEST_FAULT")
+        if self.training and fault:
+            self._calls += 1
+            kind, where = fault.split("@")
+            rank, call = where.split(":")
+            if rank in ("*", str(global_rank())) and self._calls == int(call):
+                if kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "oom":
+                    raise torch.cuda.OutOfMemoryError(
+                        "CUDA out of memory. Tried to allocate 2.00 GiB (injected)"
+                    )
+                raise RuntimeError(f"injected failure on rank {global_rank()}")
+        return super().forward(x)

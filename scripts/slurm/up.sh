@@ -145,6 +145,8 @@ start_daemon() {
 
 # write_if_changed FILE MODE: write stdin to FILE only when the content
 # differs, so a re-run does not touch configs that running daemons use.
+# CONFIG_CHANGED=1 records that it wrote one (running daemons are told, below).
+CONFIG_CHANGED=0
 write_if_changed() {
     local file="$1" mode="$2" tmp
     tmp="$(mktemp "$file.XXXXXX")"
@@ -154,6 +156,7 @@ write_if_changed() {
         rm -f "$tmp"
     else
         mv -f "$tmp" "$file"
+        CONFIG_CHANGED=1
     fi
 }
 
@@ -312,8 +315,10 @@ SlurmdPort=$SLURMD_PORT
 
 AuthType=auth/munge
 CredType=cred/munge
-# Our munged listens on a private socket; daemons and clients both read this.
-AuthInfo=socket=$MUNGE_SOCKET
+# Our munged listens on a private socket; daemons and clients both read this. cred_expire: a
+# requeued job waits this long before it starts again (Slurm's default, 120 s, would make every
+# requeue test wait two minutes).
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 MpiDefault=none
 SwitchType=switch/none
 
@@ -396,6 +401,14 @@ fi
 
 # --- 7. slurmctld + slurmd ---------------------------------------------------
 
+# A cluster already up with an older slurm.conf (this script changed): restart slurmctld, which
+# keeps its jobs (state in StateSaveLocation, slurmd keeps running them); `scontrol reconfigure`
+# would not apply AuthInfo's cred_expire.
+if ((CONFIG_CHANGED)) && pid="$(pid_of slurmctld)"; then
+    log "slurm.conf changed: restarting slurmctld (pid $pid); running jobs continue"
+    kill -TERM "$pid"
+    while alive "$pid"; do sleep 0.1; done
+fi
 if ! is_running slurmctld; then
     start_daemon slurmctld "$LOG/slurmctld.out" slurmctld -D
 fi

@@ -41,17 +41,55 @@ class LitlabError(CompactHydraException):
         return f"litlab: error: {self.reason}"
 
 
+def error_chain(error: BaseException) -> list[BaseException]:
+    """The error and those it was raised from or while handling, innermost last."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
 def failure_reason(error: BaseException) -> str:
-    """The text summary.json records for a failed run."""
+    """The text summary.json records for a failed run: in a multi-rank run, which rank failed and why."""
+    world = _multi_rank_world()
+    if world is not None and not isinstance(error, (SystemExit, KeyboardInterrupt)):
+        return world.explain(error)
     if isinstance(error, LitlabError):
         return error.reason
-    return f"{type(error).__name__}: {error}"
+    return spawned_rank_failure(error) or f"{type(error).__name__}: {error}"
+
+
+def spawned_rank_failure(error: BaseException) -> str | None:
+    """Which ``strategy=ddp_spawn`` rank failed and why, from the error torch.multiprocessing raises in
+    the launching process (it carries the rank's traceback as text); None for other errors."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    rank = getattr(error, "error_index", "?")
+    if "ProcessRaisedException" in names:
+        last = [line for line in str(getattr(error, "msg", error)).splitlines() if line.strip()][-1]
+        kind, _, message = last.partition(": ")
+        if message.startswith("litlab: error: "):
+            return f"rank {rank}: {message.removeprefix('litlab: error: ')}"
+        return f"rank {rank} failed: {kind.rsplit('.', 1)[-1]}: {message}"
+    if "ProcessExitedException" in names:
+        how = f"was killed by {error.signal_name}" if getattr(error, "signal_name", None) else "exited"
+        return f"rank {rank} {how} (exit code {getattr(error, 'exit_code', '?')})"
+    return None
+
+
+def _multi_rank_world():  # noqa: ANN202 - litlab.launch.failures.World, imported only once a fit used it
+    failures = sys.modules.get("litlab.launch.failures")  # loaded by the engine's callbacks, with torch
+    return failures.current_world() if failures is not None else None
 
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Turns errors that mean "change the config" (litlab's ConfigError, Lightning's
-    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too."""
+    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too.
+
+    In a multi-rank run every error ends the same way on every rank: one line naming the rank that
+    failed and why (``litlab.launch.failures``), the traceback of this rank's own error in train.log.
+    """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
@@ -61,10 +99,30 @@ def one_line_errors() -> Iterator[None]:
             raise LitlabError(" ".join(str(error).split())) from error  # Lightning's span lines
     except LitlabError as error:
         log.error(error.reason)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+        _exit_in_one_line(error, error.exit_code)
+    except Exception as error:
+        spawned = spawned_rank_failure(error)
+        if spawned is not None:  # strategy=ddp_spawn: the rank's traceback went to its own output
+            log.error(spawned)
+            _exit_in_one_line(LitlabError(spawned), 1)
+        world = _multi_rank_world()
+        if world is None:
             raise
-        sys.stderr.write(f"{error}\n")  # the last line of stderr, like preflight's
-        sys.exit(error.exit_code)
+        from litlab.launch.failures import lost_a_peer
+
+        log.error("rank %d stopped", world.rank, exc_info=not lost_a_peer(error))
+        _exit_in_one_line(error, 1)
+
+
+def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+        raise error
+    world = _multi_rank_world()
+    reason = world.explain(error) if world is not None else error.reason
+    if world is not None:
+        world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
+    sys.stderr.write(f"litlab: error: {reason}\n")  # the last line of stderr, like preflight's
+    sys.exit(exit_code)
 
 
 def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:

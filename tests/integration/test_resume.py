@@ -101,8 +101,11 @@ def assert_same_tensors(expected: Any, actual: Any, where: str = "") -> None:
         assert expected == actual, where
 
 
-def interrupt_at(step: int, sig: signal.Signals, env: dict[str, str], *args: str) -> tuple[int, str]:
-    """Start litlab-train, send ``sig`` once its progress log shows ``step``, return (status, output)."""
+def interrupt_at(
+    step: int, sig: signal.Signals, env: dict[str, str], *args: str, send: Any = None
+) -> tuple[int, str]:
+    """Start litlab-train, send ``sig`` once its progress log shows ``step``, return (status, output).
+    ``send(process, sig)`` picks whom to signal (default: the process, i.e. Lightning's launching one)."""
     process = subprocess.Popen(
         [str(BIN / "litlab-train"), *ARGS, *args],
         cwd=REPO,
@@ -110,6 +113,7 @@ def interrupt_at(step: int, sig: signal.Signals, env: dict[str, str], *args: str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its own process group, for a signal to every rank
     )
     seen = []
     assert process.stdout is not None
@@ -117,7 +121,7 @@ def interrupt_at(step: int, sig: signal.Signals, env: dict[str, str], *args: str
         seen.append(line)
         reached = re.search(r"\] epoch \d+(?:/\d+)? step (\d+):", line)
         if reached and int(reached.group(1)) >= step:
-            process.send_signal(sig)
+            (send or subprocess.Popen.send_signal)(process, sig)
             break
     seen.append(process.stdout.read())
     process.wait(timeout=120)

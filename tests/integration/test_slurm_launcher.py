@@ -86,22 +86,27 @@ def _wait_until_finished(cluster: SlurmCluster, job_id: str) -> str:
     return state
 
 
-@pytest.mark.slow
-def test_batch_script_runs_two_slurm_tasks_as_two_ranks_in_one_run_directory(
-    slurm_cluster: SlurmCluster, log_dir: Path, tmp_path: Path
-):
-    out = tmp_path / "job.out"
+def submit_train_batch(cluster: SlurmCluster, out: Path, *args: str) -> str:
+    """``sbatch scripts/slurm/train.sbatch ARGS`` as 1 node x 2 tasks, output to ``out``; the job id."""
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
-        + [f"--output={out}", str(REPO / "scripts" / "slurm" / "train.sbatch"), *CPU_DDP, *TINY],
-        env=_slurm_env(slurm_cluster),
-        cwd=tmp_path,
+        + [f"--output={out}", str(REPO / "scripts" / "slurm" / "train.sbatch"), *args],
+        env=_slurm_env(cluster),
+        cwd=out.parent,
         capture_output=True,
         text=True,
         timeout=60,
     )
     ok(submitted)
-    job_id = submitted.stdout.strip().split(";")[0]
+    return submitted.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slow
+def test_batch_script_runs_two_slurm_tasks_as_two_ranks_in_one_run_directory(
+    slurm_cluster: SlurmCluster, log_dir: Path, tmp_path: Path
+):
+    out = tmp_path / "job.out"
+    job_id = submit_train_batch(slurm_cluster, out, *CPU_DDP, *TINY)
     state = _wait_until_finished(slurm_cluster, job_id)
     assert state == "COMPLETED", f"{state}\n{out.read_text()[-3000:]}"
 

@@ -1,13 +1,16 @@
 """torchrun (TorchElastic) starts the ranks, on one node and on two nodes simulated on this machine;
-Lightning adopts them (TorchElasticEnvironment) and the ranks agree on one run directory."""
+Lightning adopts them (TorchElasticEnvironment), every rank writes global rank 0's run directory, and
+``--max-restarts`` restarts a group that lost a worker, which resumes from its last checkpoint."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import BIN, REPO, TINY, ok, ranks_that_joined, run_dirs, summary
@@ -35,11 +38,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_torchrun_two_ranks_on_one_node_write_one_run_directory(log_dir: Path):
+def test_torchrun_two_ranks_adopt_rank_zero_run_directory_whatever_it_resolves_to(log_dir: Path):
     # scripts/torchrun/single_node.sh with NPROC=2 runs exactly:
-    # torchrun --nproc-per-node=2 -m litlab.train trainer.devices=2 strategy=ddp trainer.accelerator=cpu ...
+    # torchrun --nproc-per-node=2 -m litlab.cli.train trainer.devices=2 strategy=ddp trainer.accelerator=cpu
+    # Each rank would resolve this pattern to its own directory (microseconds differ).
+    per_process = f"hydra.run.dir={log_dir}/train/runs/${{now:%H-%M-%S-%f}}"
     result = subprocess.run(
-        [str(SCRIPTS / "single_node.sh"), "trainer.accelerator=cpu", *TINY],
+        [str(SCRIPTS / "single_node.sh"), "trainer.accelerator=cpu", *TINY, per_process],
         env=_env(log_dir, NPROC="2"),
         cwd=REPO,
         capture_output=True,
@@ -48,7 +53,7 @@ def test_torchrun_two_ranks_on_one_node_write_one_run_directory(log_dir: Path):
     )
     ok(result)
     runs = run_dirs(log_dir)
-    assert len(runs) == 1, runs  # each rank ran Hydra; they agreed on one directory
+    assert len(runs) == 1, runs  # each rank ran Hydra; all took rank 0's directory
     (run,) = runs
     result = summary(run)
     assert result["status"] == "completed"
@@ -59,9 +64,9 @@ def test_torchrun_two_ranks_on_one_node_write_one_run_directory(log_dir: Path):
 
 
 def test_torchrun_two_nodes_train_with_global_rank_zero_alone_writing(tmp_path: Path):
-    # Two "nodes" on 127.0.0.1, one process each. Each node gets its own log folder, as machines
-    # without a shared disk would: node 1 must end up with the agreed run directory holding its
-    # log lines and nothing else.
+    # Two "nodes" on 127.0.0.1, one process each, each with a log folder of its own (LITLAB_LOG_DIR):
+    # node 1's rank still writes into global rank 0's run directory (its absolute path), and only
+    # global rank 0 writes summary.json, checkpoints and .hydra.
     port = str(_free_port())
     node_logs = [tmp_path / "node0" / "logs", tmp_path / "node1" / "logs"]
     nodes = [
@@ -88,9 +93,47 @@ def test_torchrun_two_nodes_train_with_global_rank_zero_alone_writing(tmp_path: 
     assert result["status"] == "completed"
     assert (result["world_size"], result["num_nodes"], result["devices"]) == (2, 2, 1)
     assert result["cluster_environment"] == "TorchElasticEnvironment"
-    (node1_run,) = run_dirs(node_logs[1])
-    assert node1_run.name == run.name  # both nodes resolved the same run directory
-    node1_files = sorted(str(p.relative_to(node_logs[1])) for p in node_logs[1].rglob("*") if p.is_file())
-    assert node1_files == [f"train/runs/{run.name}/train.log"]  # no summary, checkpoints, .hydra
-    assert ranks_that_joined(run) + ranks_that_joined(node1_run) == ["0 1/2", "1 2/2"]
-    assert "[rank 1]" not in (run / "train.log").read_text()
+    assert not [p for p in node_logs[1].rglob("*") if p.is_file()]  # node 1 wrote nothing of its own
+    assert ranks_that_joined(run) == ["0 1/2", "1 2/2"]  # both ranks' lines in rank 0's train.log
+    assert len(list(node_logs[0].glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+
+
+def test_torchrun_max_restarts_restarts_a_group_that_lost_a_worker_and_it_resumes(log_dir: Path):
+    command = [
+        str(BIN / "torchrun"),
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "-m",
+        "litlab.cli.train",
+        "trainer.devices=2",
+        "strategy=ddp",
+        "trainer.accelerator=cpu",
+        *TINY,
+        "trainer.limit_train_batches=10",  # the whole epoch of each rank
+        "callbacks.checkpoint.every_n_train_steps=2",
+        "callbacks.progress.every_n_steps=1",
+    ]
+    process = subprocess.Popen(
+        command, env=_env(log_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        seen.append(line)
+        reached = re.search(r"\] epoch \d+(?:/\d+)? step (\d+):", line)
+        if reached and int(reached.group(1)) >= 5:
+            (worker,) = [w for w in psutil.Process(process.pid).children() if w.environ().get("RANK") == "1"]
+            worker.kill()  # SIGKILL, mid-run
+            break
+    seen.append(process.stdout.read())
+    process.wait(timeout=TIMEOUT_S)
+    output = "".join(seen)
+    assert process.returncode == 0, output[-4000:]
+    (run,) = run_dirs(log_dir)  # the restarted group kept the first one's run directory
+    result = summary(run)
+    assert (result["status"], result["resumed_count"], result["world_size"]) == ("completed", 1, 2)
+    assert result["global_step"] == 10
+    resumed = re.findall(r"resuming from \S+checkpoints/(\S+) \(epoch 0, step (\d+)\)", output)
+    assert len(resumed) >= 1 and int(resumed[0][1]) >= 4, output[
+        -4000:
+    ]  # from a checkpoint of the killed group

@@ -90,7 +90,7 @@ class NonFiniteLossGuard(Callback):
         )
         raise NonFiniteLoss(
             f"at {where} the {problem}, so training stopped before that optimizer step and "
-            f"{kept}: lower optimizer.lr, set trainer.gradient_clip_val (e.g. 1.0), or use on_nonfinite=skip"
+            f"{kept}: {_cures(trainer)}"
         )
 
     def _problem(self, trainer: L.Trainer, optimizer, losses: torch.Tensor | None) -> str | None:
@@ -120,3 +120,13 @@ class NonFiniteLossGuard(Callback):
         if self._buffers:
             with torch.no_grad():
                 torch._foreach_copy_(self._buffers, self._saved)
+
+
+def _cures(trainer: L.Trainer) -> str:
+    cures = "lower optimizer.lr, set trainer.gradient_clip_val (e.g. 1.0), or use on_nonfinite=skip"
+    if str(trainer.precision) == "16-true":  # float16 weights and optimizer state: Adam's eps=1e-8 is 0
+        return (
+            "precision=fp16_true keeps weights and optimizer state in float16: use precision=bf16_true "
+            f"or fp16 (mixed); or {cures}"
+        )
+    return cures

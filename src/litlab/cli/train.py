@@ -15,7 +15,7 @@ from litlab import garbage_collection
 from litlab.cli import quiet
 from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
-from litlab.launch import multirun
+from litlab.launch import multirun, ranks
 
 schema.register()
 
@@ -40,8 +40,9 @@ def train_run(cfg: DictConfig) -> float | None:
     route_lightning_logs_to_root()  # Lightning's lines into train.log, rank-prefixed
     quiet.drop_known_noise()  # again: a sweep restores the warning filters after every job
     adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
-    with one_line_errors():  # a problem the user can fix: one line on stderr, no traceback
-        run = prepare_run(cfg)  # seed, identity, storage, resume decision
+    # one_line_errors: a problem the user can fix is one line on stderr, no traceback; prepare_run:
+    # seed, identity, storage, resume decision, and the run's lock, held until the block ends.
+    with one_line_errors(), prepare_run(cfg) as run:
         if run.completed:  # the same command after the run finished: nothing left to train
             return run.stored_metric(cfg.optimized_metric)
         with garbage_collection.existing_objects_frozen():  # no full-collection pauses while training
@@ -55,6 +56,7 @@ def main() -> None:
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
     preflight.check_or_exit("train", sys.argv[1:])
+    sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory
     try:
         train()
     finally:

@@ -7,7 +7,8 @@ problem into one sentence on stderr, naming the bad key or value and what is all
 1. composition and the engine's schema (unknown keys, wrong types, unknown options), then the
    rules types cannot express, and your groups' keys against their ``_target_``'s signature; none
    of this imports torch, so a typo fails in well under a second;
-2. the storage root (writable, reachable) and an explicit ``resume=PATH``;
+2. the storage root (writable, reachable), an explicit ``resume=PATH``, and that no other process
+   holds the run's lock (``litlab.storage.lock``);
 3. your datamodule's constructor and the optimizer partial, built once on the side with the
    config's values (this imports torch and Lightning, which the run needs anyway): a value they
    reject (a folder that does not exist, a negative learning rate) fails here, not in the run.
@@ -35,7 +36,9 @@ from omegaconf.errors import (
 )
 
 from litlab.config import rules, schema, signatures
-from litlab.storage import roots
+from litlab.logs import global_rank
+from litlab.run.identity import run_identity
+from litlab.storage import lock, roots
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 
@@ -131,6 +134,10 @@ def check_storage_and_resume(cfg: DictConfig) -> None:
     roots.check_storage(storage_cfg)
     if cfg.resume not in ("auto", "never"):
         roots.check_checkpoint_exists(str(cfg.resume), storage_cfg)
+    if global_rank() == 0:  # another process training this run identity: refuse before torch loads
+        identity = run_identity(cfg)
+        options = roots.storage_options(storage_cfg)
+        lock.check_not_locked(roots.RunStorage(storage_cfg["root"], identity, options))
 
 
 def _user_group_key_message(config_name: str, args: list[str], error: BaseException) -> str | None:

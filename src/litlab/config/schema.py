@@ -113,6 +113,8 @@ class ObjectStorageConfig(StorageConfig):
 @dataclass
 class S3StorageConfig(ObjectStorageConfig):
     region: str | None = MISSING
+    max_attempts: int = MISSING  # tries of every request during the run (botocore's standard retries)
+    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass

@@ -5,8 +5,10 @@ Lightning's own subprocess launcher, torchrun (TorchElastic), Slurm (``srun``, o
 launcher) or submitit's local executor. Lightning detects TorchElastic and Slurm by itself and then
 launches nothing. This module covers what it does not:
 
-- every rank runs Hydra, and a run directory made of a timestamp and a random suffix would differ
-  per rank: ``run_stamp`` makes the ranks agree on one;
+- every rank runs Hydra, and each would resolve ``hydra.run.dir`` itself (a timestamp, a random
+  suffix, any ``${now:...}`` of the user's pattern): under torchrun ``with_agreed_run_dir`` hands
+  every rank the directory global rank 0 resolved, before Hydra starts; in a Slurm step
+  ``run_stamp`` derives one from the job and step ids;
 - only global rank 0 writes ``.hydra/`` (``rank_zero_only``);
 - submitit's local executor starts the tasks but sets only ``SUBMITIT_LOCAL_*`` variables:
   ``adopt_submitit_local_ranks`` exports the ``env://`` variables Lightning reads, so those tasks
@@ -33,8 +35,9 @@ log = logging.getLogger(__name__)
 # questions about who started this process's ranks are answered from this copy.
 PROCESS_START_ENV: dict[str, str] = dict(os.environ)
 
-# The key the ranks of one torchrun job agree on, in the store torchrun's agent serves.
-_RUN_STAMP_KEY = "litlab/run_stamp"
+# The key the ranks of one torchrun job agree on, in the store torchrun's agent serves. The agent's
+# store outlives worker restarts (--max-restarts), so a restarted group keeps its run directory.
+_RUN_DIR_KEY = "litlab/run_dir"
 _STORE_TIMEOUT_S = 300
 
 
@@ -65,30 +68,41 @@ def run_stamp(proposal: str) -> str:
     """The last part of the run directory, the same in every rank of one launch.
 
     ``proposal`` (timestamp + random suffix, resolved by this process) is used as it is when this
-    process is the only rank. Under torchrun the first rank to ask stores its proposal in the store
-    that torchrun's agent already serves, and every rank reads that one back. In a Slurm step of
-    several tasks (``srun``) every task derives it from the job and step ids, which also keeps a
-    requeued job in its run directory (where Lightning's auto-requeue left its checkpoint). For
-    launchers litlab does not know, give every rank the same ``hydra.run.dir``.
+    process is the only rank, and under torchrun (``with_agreed_run_dir`` then pins the directory of
+    global rank 0 for every rank). In a Slurm step of several tasks (``srun``) every task derives it
+    from the job and step ids, which also keeps a requeued job in its run directory. For launchers
+    litlab does not know, give every rank the same ``hydra.run.dir``.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return _agreed_under_torchrun(proposal)
-    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # inside `srun` with several tasks
-        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    return proposal
-
-
-def _agreed_under_torchrun(proposal: str) -> str:
-    run_id = os.environ["TORCHELASTIC_RUN_ID"]
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        # No shared store (e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): the rendezvous id is shared.
+    if _under_torchrun() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        # No shared store to agree through (e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): the rendezvous id is.
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if run_id != "none":
             return f"torchrun-{run_id}"
         log.warning(
             "torchrun without an agent store or --rdzv-id: each rank may write its own run directory; "
             "give every rank the same hydra.run.dir"
         )
-        return proposal
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # inside `srun` with several tasks
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    return proposal
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def with_agreed_run_dir(config_name: str, args: list[str]) -> list[str]:
+    """``args`` plus ``hydra.run.dir=<global rank 0's run directory>`` for every rank torchrun started
+    (what Lightning's own launcher passes its ranks), so that all write one run directory whatever
+    ``hydra.run.dir`` resolves to; ``args`` unchanged elsewhere, and for Hydra's flags (``-m``...).
+
+    Rank 0 resolves the directory from the config, as Hydra will, and stores it in the store
+    torchrun's agent serves; the other ranks wait for it there.
+    """
+    if not _under_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return args
+    if any(arg.startswith("-") for arg in args):
+        return args
     import datetime
 
     from torch.distributed import TCPStore
@@ -99,9 +113,71 @@ def _agreed_under_torchrun(proposal: str) -> str:
         is_master=False,
         timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
     )
-    # compare_set sets the key only if it is absent and returns what is stored: first rank wins.
-    # The agent's store outlives worker restarts, so a restarted job keeps its run directory.
-    return store.compare_set(_RUN_STAMP_KEY, "", proposal).decode()
+    if global_rank() == 0:
+        # compare_set sets the key only if it is absent and returns what is stored: a restarted group
+        # (the agent's store outlives its workers) finds the first start's directory.
+        run_dir = store.compare_set(_RUN_DIR_KEY, "", _resolved_run_dir(config_name, args)).decode()
+    else:
+        run_dir = store.get(_RUN_DIR_KEY).decode()  # waits until rank 0 has stored it
+    return [*args, f"hydra.run.dir={_quoted(run_dir)}"]
+
+
+def _resolved_run_dir(config_name: str, args: list[str]) -> str:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from litlab.config.preflight import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name, overrides=args, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # the pattern may use ${hydra:...}
+    return str(cfg.hydra.run.dir)
+
+
+def _quoted(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def join_restarted_torchrun_group(trainer: Any) -> None:
+    """A torchrun group restarted by ``--max-restarts`` joins its process group in store keys of its
+    own, before Lightning would (Lightning then finds it joined).
+
+    torchrun's agent keeps its store across restarts, and the crashed group's gloo addresses stay in it
+    (the static and the c10d rendezvous alike): a restarted rank that looks before rank 0 has
+    re-registered connects to a dead address and the restart fails, "Gloo connectFullMesh failed ...
+    Connection refused" (torch 2.14; a 10-line torch script without litlab fails the same way).
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or not _under_torchrun() or trainer.world_size < 2:
+        return
+    import datetime
+
+    import torch.distributed as dist
+    from lightning.fabric.utilities.distributed import _get_default_process_group_backend_for_device
+
+    if dist.is_initialized():
+        return
+    strategy = trainer.strategy
+    backend = getattr(strategy, "_process_group_backend", None)
+    backend = backend or _get_default_process_group_backend_for_device(strategy.root_device)
+    timeout = getattr(strategy, "_timeout", None) or datetime.timedelta(minutes=30)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    log.info(
+        "torchrun restart %d: rank %d of %d joins the process group in fresh store keys",
+        restart,
+        trainer.global_rank,
+        trainer.world_size,
+    )
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"litlab/restart_{restart}", store),
+        rank=trainer.global_rank,
+        world_size=trainer.world_size,
+        timeout=timeout,
+    )
 
 
 def cluster_started_ranks(env: Mapping[str, str] | None = None) -> bool:

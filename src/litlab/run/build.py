@@ -34,9 +34,12 @@ from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
-from litlab.errors import LitlabError, check_gpus_available, warn_about_setup
+from litlab.errors import LitlabError, warn_about_setup
+from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.launch.multirun import sweep_job
+from litlab.launch.ranks import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
+from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.loggers import check_wandb_login, grouping_arguments, missing_package
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
@@ -114,13 +117,15 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
 
 
 def check_by_building(cfg: DictConfig) -> None:
-    """Build what is cheap to build, as the run will: the datamodule (constructors take values, the
-    data loads in ``setup``), and the optimizer partial on one parameter. Raises ConfigError with
-    the setting that was rejected. The module is not built here: a large network would be built twice."""
+    """Build what is cheap to build, as the run will: the accelerator x strategy check, the datamodule
+    (constructors take values, the data loads in ``setup``), and the optimizer partial on one
+    parameter. Raises ConfigError with the setting that was rejected. The module is not built here:
+    a large network would be built twice."""
     import torch
 
     sizes = batch_sizes(cfg.data, cfg.trainer)
     try:
+        check_combination(cfg.trainer, cfg.strategy)
         build_datamodule(cfg, sizes.micro)
         optimizer = _instantiate("optimizer", cfg.optimizer)
         if callable(optimizer):
@@ -165,21 +170,23 @@ def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     # The engine adds its own model summary (engine_callbacks); Lightning's would be a second one.
     trainer_args["enable_model_summary"] = False
-    check_gpus_available(cfg.trainer)
-    trainer = L.Trainer(
-        **trainer_args,
-        strategy=build_strategy(cfg.strategy),
-        precision=cfg.precision.value,
-        callbacks=callbacks,
-        logger=loggers,
-        # Lightning adds its own checkpoint callback and progress bar unless told there are none.
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
-        default_root_dir=str(run.dir),
-        plugins=[AtomicCheckpointIO()],  # a kill mid-write never leaves a truncated checkpoint
-    )
+    check_combination(cfg.trainer, cfg.strategy)  # no such GPU, FSDP on a CPU: one line, not a traceback
+    with trainer_errors(cfg.trainer, cfg.strategy, cfg.precision):
+        trainer = L.Trainer(
+            **trainer_args,
+            strategy=build_strategy(cfg.strategy),
+            precision=cfg.precision.value,
+            callbacks=callbacks,
+            logger=loggers,
+            # Lightning adds its own checkpoint callback and progress bar unless told there are none.
+            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+            enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+            default_root_dir=str(run.dir),
+            plugins=[AtomicCheckpointIO()],  # a kill or a full disk mid-write never truncates a checkpoint
+        )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
     warn_about_setup(cfg, trainer.world_size)
+    join_restarted_torchrun_group(trainer)  # works around stale addresses in torchrun's store
     return trainer
 
 
@@ -205,8 +212,19 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
     config = OmegaConf.to_container(cfg, resolve=True)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     stored = RunConfigInCheckpoint(config, choices)  # litlab-eval rebuilds the run from a checkpoint
-    callbacks = [run.stats, nonfinite, world, ReseedEveryStep(cfg.seed), loader, stored, history, input_wait]
-    callbacks.append(LoggerRuns(config))  # the resolved config as the loggers' parameters
+    ranks = [WatchTheRanks(), StopTogetherOnSigterm()]  # a failed rank or a SIGTERM stops every rank
+    callbacks = [
+        run.stats,
+        nonfinite,
+        world,
+        ReseedEveryStep(cfg.seed),
+        loader,
+        stored,
+        *ranks,
+        history,
+        input_wait,
+        LoggerRuns(config),  # the resolved config as the loggers' parameters
+    ]
     if cfg.trainer.enable_model_summary:  # Lightning's, without a FLOPs column of zeros
         callbacks.append(ModelSummaryWithMeasuredFlops())
     return callbacks

@@ -8,7 +8,6 @@ reports, sweeps and resume read.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import platform
 import subprocess
@@ -30,25 +29,23 @@ from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
 from litlab.run import doctor
+from litlab.run.identity import run_identity
 from litlab.run.loggers import log_final_metrics
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
 from litlab.storage import resume
-from litlab.storage.checkpoints import last_checkpoint
-from litlab.storage.roots import RunStorage, check_storage, storage_options, use_storage_options
+from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
+from litlab.storage.lock import RunLock
+from litlab.storage.roots import (
+    RunStorage,
+    StorageFailed,
+    check_storage,
+    storage_options,
+    use_storage_options,
+    write_text_atomic,
+)
 
 log = logging.getLogger("litlab")
 
-# Overrides that say where or how a run is launched, not what it is: not part of its identity.
-_NOT_IDENTITY = (
-    "hydra.",
-    "resume",
-    "run_name",
-    "paths.",
-    "storage.",
-    "hydra/",
-    "storage=",
-    "sweep_isolation",
-)
 PREEMPTED_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
@@ -65,6 +62,14 @@ class Run:
     stats: RunStats | None = None
     resume_exact: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more summary fields (nonfinite, oom, tune, world)
+    lock: RunLock | None = None  # held by global rank 0 while the run trains
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def checkpoint_dir(self) -> str:
@@ -101,29 +106,38 @@ class Run:
         """Writes a ``status: failed`` summary (with the error) if the block raises, then re-raises."""
         try:
             yield
+        except StorageFailed as error:
+            # Said with what the run leaves to resume from (a new error: Lightning's frames hold the old one).
+            kept = f"{kept_checkpoint(trainer)}; once the storage works again the same command resumes"
+            failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept}")
+            self._write_failed_summary(cfg, trainer, failed)
+            raise failed from error
         except BaseException as error:
             preempted = isinstance(error, SIGTERMException)
             status = INTERRUPTED if preempted else FAILED
-            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+            self._write_failed_summary(cfg, trainer, error, status)
             if preempted:  # Lightning's SIGTERMException would exit with status 0
-                log.warning("SIGTERM: exiting with status %d; the same command resumes", PREEMPTED_EXIT_CODE)
+                log.warning(
+                    "SIGTERM: stopped at global step %d, exiting with status %d; the same command resumes",
+                    trainer.global_step,
+                    PREEMPTED_EXIT_CODE,
+                )
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error
             raise
 
-
-def run_identity(cfg: DictConfig) -> str:
-    """``run_name``, or the experiment name plus a hash of the overrides that define the run."""
-    if cfg.run_name:
-        return str(cfg.run_name)
-    overrides = sorted(
-        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(_NOT_IDENTITY)
-    )
-    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
-    return f"{cfg.experiment_name}-{digest}"
+    def _write_failed_summary(
+        self, cfg: DictConfig, trainer: L.Trainer, error: BaseException, status: str = FAILED
+    ) -> None:
+        """summary.json of a run that stopped; a storage that fails here too cannot hide the first error."""
+        try:
+            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
+        except (StorageFailed, OSError) as also:
+            log.warning("summary.json of the stopped run not written everywhere: %s", also)
 
 
 def prepare_run(cfg: DictConfig) -> Run:
-    """Seed, and decide the run's identity, storage folder and resume point."""
+    """Seed, and decide the run's identity, storage folder and resume point; take the run's lock
+    (``with prepare_run(cfg) as run:`` releases it)."""
     check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -132,6 +146,9 @@ def prepare_run(cfg: DictConfig) -> Run:
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
+    if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
+        run.lock = RunLock(storage)
+        run.lock.acquire()
     run.resume = resume.decide(
         str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
     )
@@ -216,7 +233,7 @@ def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **
     summary.diagnosis = doctor.diagnose(summary)  # what the run's own numbers show
     if run.is_global_zero:
         text = summary.to_json()
-        (run.dir / "summary.json").write_text(text)
+        write_text_atomic(run.dir / "summary.json", text)  # a full disk never leaves half a summary
         run.storage.write_text("summary.json", text)
     return summary
 

@@ -6,7 +6,9 @@ micro-batch with more accumulation, a 16-bit precision, or ``oom=auto_shrink`` w
 ``oom=auto_shrink`` retries instead: when the error comes in the first ``oom.within_steps`` optimizer
 steps, it halves ``data.batch_size``, doubles ``trainer.accumulate_grad_batches`` (the effective batch
 is unchanged; integer batch limits double so each epoch covers the same samples), frees the cache
-and starts the fit again, at most ``oom.max_shrinks`` times.
+and starts the fit again, at most ``oom.max_shrinks`` times. Under DDP every rank shrinks together
+when every rank ran out of memory in the same step; when only some did, every rank fails
+(``litlab.launch.failures.every_rank_out_of_memory``): ranks never train with different batches.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_e
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.errors import LitlabError
+from litlab.launch.failures import every_rank_out_of_memory
 
 if TYPE_CHECKING:
     import lightning as L
@@ -53,6 +56,11 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
                 if not is_oom_error(error):
                     raise
                 why_not = _why_not_retry(cfg, run, len(tried) - 1, trainer.global_step)
+                if why_not is None and not every_rank_out_of_memory(trainer.global_step, len(tried)):
+                    why_not = (
+                        f" on rank {trainer.global_rank} only (oom=auto_shrink shrinks only when every rank "
+                        "runs out of memory in the same step, so that all keep one micro-batch)"
+                    )
                 if why_not is not None:
                     raise OutOfMemory(advice(cfg, run, trainer.global_step, error, why_not)) from error
                 log.warning(

@@ -10,12 +10,15 @@
 - ``preempted.ckpt``, written when the process receives SIGTERM (cloud or Slurm preemption);
 - TensorBoard flushed with every checkpoint, its files copied to storage with ``copy_logs``.
 
-``AtomicCheckpointIO`` makes local and mounted writes atomic: a temporary file in the same folder,
-then a rename, so a kill mid-write never leaves a truncated checkpoint under a real name.
+``AtomicCheckpointIO`` makes every write all-or-nothing: locally a temporary file in the same folder,
+then a rename; on object stores one upload that is aborted when it fails. A kill or a full disk mid-write
+never leaves a truncated checkpoint under a real name, and a failed write is ``StorageFailed``: one
+line naming the storage, the file and the cause.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tempfile
@@ -31,7 +34,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.storage.roots import TEMPORARY_SUFFIX
+from litlab.storage.roots import TEMPORARY_SUFFIX, copy_changed_files, failed_storage, writing
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +134,14 @@ class PreemptionCheckpoint(Checkpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
-            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
-            log.warning(
-                "SIGTERM: saved %s at epoch %d, step %d",
-                self.ckpt_path,
-                trainer.current_epoch,
-                trainer.global_step,
-            )
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)  # every rank calls it: a barrier
+            if trainer.is_global_zero:
+                log.warning(
+                    "SIGTERM: saved %s at epoch %d, step %d",
+                    self.ckpt_path,
+                    trainer.current_epoch,
+                    trainer.global_step,
+                )
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # A run that finishes fitting removes its stale preemption checkpoint (teardown does not run
@@ -159,6 +163,7 @@ class TensorBoardSync(Callback):
 
     def __init__(self, destination: str | None = None) -> None:
         self.destination = destination
+        self.storage_folder = destination.rstrip("/").rsplit("/", 1)[0] if destination else None
         self._pending = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
@@ -197,47 +202,78 @@ class TensorBoardSync(Callback):
         self._pending = False
         for logger, log_dir in self._tensorboard_dirs(trainer):
             logger.experiment.flush()
-            fs, remote = fsspec.core.url_to_fs(self.destination)
-            try:
-                sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(remote, detail=True)}
-            except FileNotFoundError:
-                sizes = {}
-            for path in sorted(log_dir.glob("events.out.tfevents.*")):
-                if sizes.get(path.name) != path.stat().st_size:
-                    fs.put_file(str(path), f"{remote}/{path.name}")
+            events = sorted(log_dir.glob("events.out.tfevents.*"))
+            copy_changed_files(events, self.destination, self.storage_folder)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save into a temporary file next to the target, fsync, then rename over it.
+    """Every checkpoint written whole or not at all, and a failed write named in one line.
 
+    Locally: torch.save into a temporary file next to the target, fsync, then rename over it.
     Lightning's own local save goes through a temporary file in the system temp folder and
     ``shutil.move``: on a mounted drive (another device) that is a copy into the final name, which a
-    kill can truncate. Object stores are left to Lightning (an object appears only once uploaded).
+    kill or a full disk can truncate. On object stores: one ``pipe_file`` (a single PUT, or a multipart
+    upload that s3fs aborts when a part fails), where Lightning's ``fs.open(...).write()`` would
+    complete a multipart upload with the parts that made it. ``last_saved`` is the newest checkpoint
+    this process wrote: what a run that fails afterwards resumes from.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_saved: tuple[str, int] | None = None  # (url, global step)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
-            super().save_checkpoint(checkpoint, path, storage_options)
-            return
-        target = Path(str(path).removeprefix("file://"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX
-        )
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        directory = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a power loss
-        finally:
-            os.close(directory)
+        url = str(path)
+        folder, name = _storage_folder_and_name(url)
+        failure = failed_storage(url)
+        if failure is not None:
+            raise failure
+        with writing(folder, name, url):
+            if _is_local_file_protocol(path):
+                _save_locally(checkpoint, Path(url.removeprefix("file://")))
+            else:
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
+                fs.pipe_file(remote, buffer.getvalue())
+        self.last_saved = (url, int(checkpoint.get("global_step", 0)))
+
+
+def _save_locally(checkpoint: dict[str, Any], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power loss
+    finally:
+        os.close(directory)
+
+
+def _storage_folder_and_name(url: str) -> tuple[str, str]:
+    """``(<root>/<identity>, checkpoints/<file>)`` for a checkpoint in a run's storage folder."""
+    folder, file = url.rstrip("/").rsplit("/", 1)
+    if folder.endswith("/checkpoints"):
+        return folder.removesuffix("/checkpoints"), f"checkpoints/{file}"
+    return folder, file
+
+
+def kept_checkpoint(trainer: L.Trainer) -> str:
+    """What a run that failed leaves to resume from, in words (the newest checkpoint it wrote)."""
+    checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
+    saved = getattr(checkpoint_io, "last_saved", None)
+    if saved is None:
+        return "no checkpoint was written before it"
+    url, step = saved
+    return f"the last checkpoint written, {url} (step {step}), is intact"
 
 
 # The key under which every checkpoint carries its run's config (read by litlab-eval).

@@ -7,30 +7,117 @@ links ``checkpoints/`` to the storage folder, for a remote one it holds a ``chec
 Credentials are never part of the config: s3fs and gcsfs read them from the environment or the
 provider's credential chain. Nothing here imports torch at module level, so ``check_storage`` runs
 in the preflight, before torch loads and before any run directory exists.
+
+Storage that fails during a run (a full disk, an endpoint that stops answering) raises
+``StorageFailed``: one line naming the URL, what was being written and the cause. S3 requests are
+retried a bounded number of times (``s3_client_config``); after a failure, writes to the same root
+are skipped, so that recording the failure does not wait for the dead storage again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
+import functools
+import logging
 import os
 import secrets
+import socket
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from litlab.errors import LitlabError, error_chain
+
+log = logging.getLogger("litlab")
+
 CHECKPOINT_SUFFIX = ".ckpt"
 TEMPORARY_SUFFIX = ".tmp"  # an interrupted atomic write leaves ``.<name>.<random>.tmp`` behind
 OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs")}
+# Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
+_BACKOFF_CAP_S = 20
 
 
 class StorageError(ValueError):
     """A storage root that cannot be used; the message is one line naming the URL and the cause."""
+
+
+class StorageFailed(LitlabError):
+    """Storage stopped working during the run: a write failed (after its retries, for object stores)."""
+
+    exit_code = 1
+
+    def __init__(self, root: str, what: str, cause: str) -> None:
+        super().__init__(f"storage {root} failed while writing {what}: {cause}")
+        self.root, self.what, self.cause = root, what, cause
+
+
+# Roots that failed in this process: later writes to them are skipped, not retried again.
+_FAILED_ROOTS: dict[str, StorageFailed] = {}
+
+
+def failed_storage(url: str) -> StorageFailed | None:
+    """The failure of the storage root ``url`` lives under, if one failed in this process."""
+    for root, failure in _FAILED_ROOTS.items():
+        if url == root or url.startswith(root.rstrip("/") + "/"):
+            return failure
+    return None
+
+
+@contextlib.contextmanager
+def writing(root: str, what: str, url: str | None = None) -> Iterator[None]:
+    """Turns an error of a storage write into ``StorageFailed`` naming the root, ``what`` was being
+    written and the cause, and remembers that the root failed. Other errors pass through."""
+    try:
+        yield
+    except StorageFailed:
+        raise
+    except Exception as error:
+        cause = storage_cause(error, url or root)
+        if cause is None:
+            raise
+        failure = StorageFailed(root, what, cause)
+        _FAILED_ROOTS[root] = failure
+        raise failure from error
+
+
+def storage_cause(error: BaseException, url: str) -> str | None:
+    """Why a storage operation failed, in words; None for errors that are not the storage's (a
+    checkpoint that cannot be pickled, say)."""
+    os_error = _os_error_in(error)
+    protocol = protocol_of(url)
+    if protocol == "file":
+        if os_error is None or os_error.errno is None:
+            return None
+        reason = os.strerror(os_error.errno).lower()
+        if os_error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{reason} (errno {errno.errorcode[os_error.errno]})"
+        return f"{reason} ({os_error.filename or url})"
+    names = {cls.__name__ for chained in error_chain(error) for cls in type(chained).__mro__}
+    remote_errors = _UNREACHABLE | {"ClientError", "HTTPClientError", "BotoCoreError", "NoCredentialsError"}
+    if not names & remote_errors and os_error is None:
+        return None
+    options = fsspec.config.conf.get(protocol, {})
+    endpoint = _endpoint(protocol, options)
+    unreachable = [e for e in error_chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
+    if unreachable:
+        attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
+        tries = f" after {attempts} attempts" if attempts else ""
+        message = " ".join(str(unreachable[0]).split()) or type(unreachable[0]).__name__
+        return f"{endpoint} did not answer{tries} ({type(unreachable[0]).__name__}: {message})"
+    return _cause(error, url, endpoint)
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    # torch.save reports a full disk as RuntimeError("... unexpected pos ..."), raised while handling
+    # the OSError that the file's write() raised: the errno is in the chain.
+    return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
 
 
 def protocol_of(url: str) -> str:
@@ -39,12 +126,17 @@ def protocol_of(url: str) -> str:
 
 
 def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
-    """fsspec keyword arguments for the storage config's filesystem: endpoint and region, never keys."""
+    """fsspec keyword arguments for the storage config's filesystem: endpoint and region (never keys),
+    and for S3 the bounded retries and timeouts of every request (``s3_client_config``)."""
     protocol = protocol_of(str(storage["root"]))
     if protocol in OBJECT_STORES["s3"]:
         client = {"endpoint_url": storage.get("endpoint_url"), "region_name": storage.get("region")}
         client = {k: v for k, v in client.items() if v}
-        return {"client_kwargs": client} if client else {}
+        options: dict[str, Any] = {"client_kwargs": client} if client else {}
+        attempts, timeout = int(storage.get("max_attempts", 5)), float(storage.get("timeout_s", 10.0))
+        options["config_kwargs"] = s3_client_config(timeout, attempts)
+        options["session"] = _session_without_expect_continue()
+        return options
     if protocol in OBJECT_STORES["gcs"]:
         options = {"endpoint_url": storage.get("endpoint_url"), "project": storage.get("project")}
         return {k: v for k, v in options.items() if v}
@@ -57,8 +149,55 @@ def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
     Lightning's ModelCheckpoint and checkpoint loading open URLs through fsspec without storage
     options; fsspec's per-protocol config is how a configured endpoint reaches them.
     """
+    protocol = protocol_of(root)
     if options:
-        fsspec.config.conf.setdefault(protocol_of(root), {}).update(options)
+        fsspec.config.conf.setdefault(protocol, {}).update(options)
+    if protocol in OBJECT_STORES["s3"]:
+        # s3fs retries 5 times on top of botocore's attempts (25 tries of a dead endpoint); botocore's
+        # standard mode, which knows which errors are transient, is the one retry layer.
+        fsspec.get_filesystem_class(protocol).retries = 1
+
+
+def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
+    """botocore settings that bound how long an S3 request may take: ``attempts`` tries (botocore's
+    standard mode: throttling, 5xx, timeouts and refused connections, with exponential backoff and
+    jitter), each failing after ``timeout`` s without progress: to connect, between bytes received,
+    or while bytes sent stay unacknowledged."""
+    return {
+        "connect_timeout": timeout,
+        "read_timeout": timeout,
+        "retries": {"mode": "standard", "total_max_attempts": attempts},
+        "connector_args": {"socket_factory": functools.partial(_socket_timing_out_stalled_sends, timeout)},
+    }
+
+
+def retry_bound_s(timeout: float, attempts: int) -> float:
+    """The longest an S3 request can take before it fails: every attempt times out, plus the backoffs."""
+    backoff = sum(min(2**attempt, _BACKOFF_CAP_S) for attempt in range(attempts - 1))
+    return attempts * timeout + backoff
+
+
+def _socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.socket:
+    """A socket that aiohttp connects with: the kernel drops the connection when sent bytes stay
+    unacknowledged for ``timeout`` (a server that stopped answering mid-upload), which aiohttp's own
+    timeouts (connect, read) do not cover."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    if hasattr(socket, "TCP_USER_TIMEOUT") and family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeout * 1000))
+    return sock
+
+
+@functools.cache
+def _session_without_expect_continue() -> Any:
+    """An aiobotocore session whose uploads do not ask for "100 Continue": aiohttp waits for that
+    answer without any timeout, so an upload to an endpoint that stopped answering hung forever."""
+    from aiobotocore.session import AioSession
+    from botocore.handlers import add_expect_header
+
+    session = AioSession()
+    session.unregister("before-call.s3", add_expect_header)
+    return session
 
 
 class RunStorage:
@@ -85,12 +224,22 @@ class RunStorage:
         self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
 
     def write_text(self, name: str, text: str) -> None:
-        """Write ``<storage folder>/name``; locally via a temporary file and a rename (atomic)."""
+        """Write ``<storage folder>/name``; locally via a temporary file and a rename (atomic).
+        Raises StorageFailed; skipped (with a warning) once this storage failed in this process."""
+        if self.skipped_because_failed(name):
+            return
         target = f"{self.path}/{name}"
-        if self.is_local:
-            write_text_atomic(Path(target), text)
-        else:
-            self.fs.pipe_file(target, text.encode())
+        with writing(self.url, name, self.url_of(name)):
+            if self.is_local:
+                write_text_atomic(Path(target), text)
+            else:
+                self.fs.pipe_file(target, text.encode())
+
+    def skipped_because_failed(self, name: str) -> bool:
+        failure = failed_storage(self.url)
+        if failure is not None:
+            log.warning("%s not written: the storage failed earlier (%s)", self.url_of(name), failure.cause)
+        return failure is not None
 
     def read_text(self, name: str) -> str | None:
         """``<storage folder>/name``, or None when it does not exist."""
@@ -139,14 +288,8 @@ class RunStorage:
 
     def upload_changed(self, local_dir: Path, name: str) -> None:
         """Copy files of ``local_dir`` whose size changed into ``<storage folder>/name/``."""
-        remote = f"{self.path}/{name}"
-        try:
-            sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in self.fs.ls(remote, detail=True)}
-        except FileNotFoundError:
-            sizes = {}
-        for path in sorted(p for p in local_dir.iterdir() if p.is_file()):
-            if sizes.get(path.name) != path.stat().st_size:
-                self.fs.put_file(str(path), f"{remote}/{path.name}")
+        files = sorted(p for p in local_dir.iterdir() if p.is_file())
+        copy_changed_files(files, self.url_of(name), self.url)
 
     def download(self, name: str, local_dir: Path) -> int:
         """Copy the files of ``<storage folder>/name/`` into ``local_dir``; returns how many."""
@@ -184,12 +327,35 @@ def _modified(entry: Mapping[str, Any]) -> float:
     return 0.0
 
 
+def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
+    """Copy the files whose size differs from their copy in the folder ``destination`` (a URL under
+    the storage root ``root``) into it. Raises StorageFailed; skipped once the root failed."""
+    if failed_storage(destination) is not None or not files:
+        return
+    with writing(root, destination.removeprefix(root).lstrip("/") + "/", destination):
+        fs, remote = fsspec.core.url_to_fs(destination)
+        try:
+            sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(remote, detail=True)}
+        except FileNotFoundError:
+            sizes = {}
+            fs.makedirs(remote, exist_ok=True)  # a local or mounted root has real folders
+        for path in files:
+            if sizes.get(path.name) != path.stat().st_size:
+                fs.put_file(str(path), f"{remote}/{path.name}")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary file and a rename: a full disk or a kill never leaves it
+    truncated (the old file, if any, stays)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def read_checkpoint(url: str) -> dict:
@@ -245,7 +411,7 @@ def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
         else:
             options = storage_options(storage) if protocol == protocol_of(str(storage["root"])) else {}
             fast = _fail_fast_options(protocol, float(storage.get("check_timeout_s", 2.0)))
-            fs = fsspec.get_filesystem_class(protocol)(**options, **fast, skip_instance_cache=True)
+            fs = fsspec.get_filesystem_class(protocol)(**{**options, **fast}, skip_instance_cache=True)
             fs.retries = 1
             found = fs.isfile(url)
     except Exception as error:
@@ -290,7 +456,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
     def probe() -> None:
         try:
             fs = filesystem_class(
-                **options, **_fail_fast_options(protocol, timeout), skip_instance_cache=True
+                **{**options, **_fail_fast_options(protocol, timeout)}, skip_instance_cache=True
             )
             fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
             folder = fs._strip_protocol(root)
@@ -315,8 +481,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
 
 def _fail_fast_options(protocol: str, timeout: float) -> dict[str, Any]:
     if protocol in OBJECT_STORES["s3"]:
-        retries = {"total_max_attempts": 1}
-        return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout, "retries": retries}}
+        return {"config_kwargs": s3_client_config(timeout, attempts=1)}
     if protocol in OBJECT_STORES["gcs"]:
         return {"requests_timeout": timeout}
     return {}

@@ -1,0 +1,412 @@
+"""When one rank of a multi-rank run fails, every rank stops soon and says which rank and why.
+
+A rank that raises (a bug, out of memory, a full disk) records why in the store the ranks already
+share (the one ``torch.distributed`` rendezvoused through: rank 0's under Lightning and Slurm, the
+agent's under torchrun), then closes its process group. The others are usually waiting in a
+collective with it; gloo fails that collective as soon as the connection closes (not after the
+30-minute collective timeout), and they read the record. A rank that dies without a word (SIGKILL,
+the kernel's OOM killer) is named by the ranks on its machine: Lightning's launching process sees its
+children's exit status, and every rank knows the host and pid of every other (registered at setup).
+So every rank ends in the same one line, ``litlab: error: rank 1 was killed by SIGKILL at global
+step 5; ...``, and Lightning's launching process prints its line after its children are gone, so it
+is the last line of the terminal.
+
+A watchdog thread covers a rank that is in no collective when a peer on its machine dies (a long
+validation, NCCL, which does not notice closed connections): ``GRACE_S`` after the death it prints
+the line and ends the process. It replaces Lightning's child-process observer, which SIGKILLs the
+launching process 0-5 s after a child exits non-zero, in the middle of whatever it is writing.
+
+SIGTERM (a spot VM, Slurm) reaches any subset of the ranks. ``StopTogetherOnSigterm`` only notes it;
+after every training batch the ranks agree (one all-reduce) and stop at the same batch boundary,
+where ``PreemptionCheckpoint`` writes ``preempted.ckpt``. Lightning's own handler broadcasts from
+inside the signal handler, which pairs with whatever collective the other ranks are in.
+
+``oom=auto_shrink`` retries a smaller micro-batch only when every rank ran out of memory in the same
+step (``every_rank_out_of_memory``); otherwise every rank fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import psutil
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback
+
+from litlab.errors import LitlabError, error_chain
+
+log = logging.getLogger("litlab")
+
+GRACE_S = 30  # after a peer on this machine died: time to notice it through a collective
+POLL_S = 1.0  # how often the watchdog looks at the peers
+RECORD_WAIT_S = 5  # how long a rank that lost a peer waits for the peer's record
+OOM_AGREEMENT_S = 10  # how long a rank out of memory waits for every other rank to say the same
+CHILDREN_EXIT_S = 30  # how long Lightning's launching process waits for its children at exit
+# Collective errors that mean "a peer went away": gloo's transport errors, torch's DistError family.
+_PEER_LOST = (
+    "gloo/transport",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL",
+    "Broken pipe",
+)
+
+
+class RankFailure(LitlabError):
+    """A multi-rank run stopped because one of its ranks failed or died."""
+
+    exit_code = 1
+
+
+@dataclass
+class Peer:
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclass
+class World:
+    """This process's view of the ranks of the multi-rank fit it takes part in."""
+
+    trainer: L.Trainer
+    rank: int
+    size: int
+    store: Any  # torch.distributed.Store, shared by every rank
+    prefix: str
+    peers: dict[int, Peer] = field(default_factory=dict)
+    children: dict[int, subprocess.Popen] = field(default_factory=dict)  # Lightning's, by global rank
+    ended: dict[int, str] = field(default_factory=dict)  # ranks found dead, and how they ended
+    explained: dict[int, str] = field(default_factory=dict)  # id(error) -> its one-line reason
+    running: bool = True
+
+    # --- the records every rank can read -----------------------------------------------------------
+
+    def _set(self, key: str, value: dict[str, Any]) -> None:
+        try:
+            self.store.set(f"{self.prefix}/{key}", json.dumps(value))
+        except Exception as error:  # the store's host is gone: nothing more to tell
+            log.debug("failures: cannot write %s to the store: %s", key, error)
+
+    def _get(self, key: str) -> dict[str, Any] | None:
+        try:
+            if not self.store.check([f"{self.prefix}/{key}"]):  # check(): never waits for the key
+                return None
+            return json.loads(self.store.get(f"{self.prefix}/{key}"))
+        except Exception:
+            return None
+
+    def register(self) -> None:
+        """Tell every rank this process's host and pid, and learn theirs."""
+        me = Peer(self.rank, socket.gethostname(), os.getpid())
+        self._set(f"peer/{self.rank}", {"host": me.host, "pid": me.pid})
+        keys = [f"{self.prefix}/peer/{rank}" for rank in range(self.size)]
+        try:
+            self.store.wait(keys, dt.timedelta(seconds=60))
+        except Exception as error:
+            log.warning(
+                "failures: not every rank registered (%s); dead peers are found by their errors", error
+            )
+        for rank in range(self.size):
+            found = self._get(f"peer/{rank}")
+            if found is not None:
+                self.peers[rank] = Peer(rank, found["host"], int(found["pid"]))
+
+    def record(self, reason: str) -> None:
+        self._set(f"failed/{self.rank}", {"reason": reason})
+
+    # --- who ended, and how ------------------------------------------------------------------------
+
+    def look_at_peers(self) -> dict[int, str]:
+        """Ranks on this machine whose process ended, and how (the exit status Lightning's children
+        report; otherwise that the process is gone)."""
+        for rank, child in self.children.items():
+            code = child.poll()
+            if code not in (None, 0) and rank not in self.ended:
+                self.ended[rank] = _how_it_ended(code)
+        host = socket.gethostname()
+        for rank, peer in self.peers.items():
+            if rank == self.rank or rank in self.ended or peer.host != host or rank in self.children:
+                continue
+            if not _alive(peer.pid):
+                self.ended[rank] = "ended without a word (killed, e.g. by SIGKILL or the kernel's OOM killer)"
+        return self.ended
+
+    def peer_cause(self, wait_s: float = RECORD_WAIT_S) -> str | None:
+        """Why the run lost a peer: a rank's record, else a rank found dead; None if neither shows."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            ended = self.look_at_peers()
+            # Under Lightning and Slurm rank 0 serves the store: with rank 0 gone there is none to read.
+            store_served = "TORCHELASTIC_RUN_ID" in os.environ or 0 not in ended
+            for rank in range(self.size) if store_served else ():
+                found = self._get(f"failed/{rank}") if rank != self.rank else None
+                if found is not None:
+                    return found["reason"]
+            if ended:
+                rank = min(ended)
+                return (
+                    f"rank {rank}{self._where(rank)} {ended[rank]} at global step {self.trainer.global_step}"
+                )
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+
+    def _where(self, rank: int) -> str:
+        peer = self.peers.get(rank)
+        return f" (pid {peer.pid} on {peer.host})" if peer else ""
+
+    # --- the one line ------------------------------------------------------------------------------
+
+    def explain(self, error: BaseException) -> str:
+        """The one-line reason a failure of this rank ends the run, for every rank to print."""
+        if id(error) in self.explained:
+            return self.explained[id(error)]
+        if lost_a_peer(error):
+            cause = self.peer_cause() or (
+                f"rank {self.rank} lost its connection to another rank ({_first_line(error)}) and no rank "
+                "said why (a rank on another machine died, or its machine did)"
+            )
+        elif isinstance(error, LitlabError):  # already names the step and what to do
+            cause = f"rank {self.rank}: {error.reason}"
+            self.record(cause)
+        else:
+            what = _one_line(f"{type(error).__name__}: {error}")
+            cause = f"rank {self.rank} failed at global step {self.trainer.global_step}: {what}"
+            self.record(cause)
+        reason = f"{cause}; every rank stopped; {self.kept()}"
+        self.explained[id(error)] = reason
+        return reason
+
+    def kept(self) -> str:
+        from litlab.storage.checkpoints import kept_checkpoint
+
+        if self.rank == 0:
+            return f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
+        return "the same command resumes from the newest checkpoint rank 0 wrote"
+
+    def stop(self) -> None:
+        """Leave the run: close this rank's connections (a peer waiting in a collective with it fails at
+        once instead of at the collective timeout), then, in Lightning's launching process, wait for
+        the children, so that this process's line is the terminal's last."""
+        self.running = False
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            try:
+                torch.distributed.destroy_process_group()
+            except Exception as error:
+                log.debug("failures: destroy_process_group: %s", error)
+        self.wait_for_children()
+
+    def wait_for_children(self) -> None:
+        deadline = time.monotonic() + CHILDREN_EXIT_S
+        for child in self.children.values():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+    # --- the watchdog ------------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Until the fit ends: end this process GRACE_S after a peer on this machine died, if it has not
+        noticed by itself by then."""
+        noticed_at = None
+        while self.running:
+            time.sleep(POLL_S)
+            if not self.running:
+                return
+            ended = self.look_at_peers()
+            if not ended:
+                continue
+            if noticed_at is None:
+                noticed_at = time.monotonic()
+                rank = min(ended)
+                log.warning(
+                    "rank %d%s %s; this rank stops at its next collective",
+                    rank,
+                    self._where(rank),
+                    ended[rank],
+                )
+            elif time.monotonic() - noticed_at > GRACE_S:
+                cause = self.peer_cause(wait_s=0) or "another rank ended"
+                sys.stderr.write(
+                    f"litlab: error: {cause}; rank {self.rank} waited {GRACE_S} s in no collective with "
+                    f"it and was stopped; {self.kept()}\n"
+                )
+                sys.stderr.flush()
+                for child in self.children.values():
+                    child.kill()
+                os._exit(RankFailure.exit_code)
+
+
+_current: World | None = None
+_fits = 0  # multi-rank fits this process started (oom=auto_shrink fits again): keys of one are its own
+
+
+def current_world() -> World | None:
+    """The multi-rank fit this process takes part in (kept after the fit, for its failure's line)."""
+    return _current
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether an error means a collective lost its connection to another rank."""
+    dist_error = getattr(torch.distributed, "DistError", ())
+    for chained in error_chain(error):
+        if dist_error and isinstance(chained, dist_error):
+            return True
+        if isinstance(chained, RuntimeError) and any(marker in str(chained) for marker in _PEER_LOST):
+            return True
+    return False
+
+
+class WatchTheRanks(Callback):
+    """Sets up ``World`` for a multi-rank fit: registers this rank, takes over from Lightning's
+    child-process observer and starts the watchdog. Does nothing in a single-process run."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        global _current, _fits
+        if stage != "fit" or trainer.world_size < 2 or not torch.distributed.is_initialized():
+            return
+        if _current is not None:
+            _current.running = False  # oom=auto_shrink fits again in the same processes
+        _fits += 1
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = torch.distributed.distributed_c10d._get_default_store()  # the one the ranks rendezvoused in
+        world = World(trainer, trainer.global_rank, trainer.world_size, store, f"litlab/{restart}/{_fits}")
+        world.children = _lightning_children(trainer)
+        world.register()
+        _current = world
+        threading.Thread(target=world.watch, name="litlab-rank-watchdog", daemon=True).start()
+        if world.children:
+            atexit.register(world.wait_for_children)  # an exit of any kind: the children end first
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if _current is not None and stage == "fit":
+            _current.running = False  # ranks that finished do not watch each other's exit
+
+
+def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
+    """The ranks Lightning's launcher started from this process, by global rank; its observer thread
+    is disarmed (it would SIGKILL this process when a child fails: ``World`` reports and ends instead)."""
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []
+    if not procs:
+        return {}
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_ChildProcessObserver":
+            thread._run = lambda: True  # its loop ends at its next poll, killing nothing
+    first = trainer.node_rank * trainer.num_devices
+    return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
+
+
+def every_rank_out_of_memory(step: int, attempt: int) -> bool:
+    """Called by a rank that ran out of memory under ``oom=auto_shrink``: True when every rank did, in
+    the same step (then all shrink together), False when some rank did not say so within
+    ``OOM_AGREEMENT_S`` (it is waiting in a collective: then all fail together)."""
+    world = current_world()
+    if world is None:
+        return True
+    world._set(f"oom/{attempt}/{world.rank}", {"step": step})
+    deadline = time.monotonic() + OOM_AGREEMENT_S
+    while time.monotonic() < deadline:
+        steps = [world._get(f"oom/{attempt}/{rank}") for rank in range(world.size)]
+        if all(s is not None for s in steps):
+            return len({s["step"] for s in steps}) == 1
+        time.sleep(0.1)
+    return False
+
+
+class StopTogetherOnSigterm(Callback):
+    """SIGTERM on any rank stops every rank at the same batch boundary (then ``PreemptionCheckpoint``
+    writes preempted.ckpt and the run exits 143). In a single process, as Lightning does it.
+
+    Under Slurm, the requeue signal (SIGUSR1, what ``#SBATCH --signal=USR1@90`` sends before the time
+    limit) does the same, and then rank 0 requeues the job (``scontrol requeue``): the job starts
+    again with the same id, in the same run directory, and resumes from preempted.ckpt. This replaces
+    Lightning's auto-requeue, which saves its own checkpoint from inside the signal handler (a
+    collective there pairs with whatever the other ranks are doing) into the run directory, where
+    litlab's resume does not look.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.requeue = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Here, not in setup: Lightning installs its own handlers after the setup hooks.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.requested = self.requeue = False
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._note(trainer, "SIGTERM"))
+        environment = trainer._accelerator_connector.cluster_environment
+        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+            requeue_signal = environment.requeue_signal
+            signal.signal(requeue_signal, lambda signum, frame: self._note(trainer, requeue_signal.name))
+
+    def _note(self, trainer: L.Trainer, name: str) -> None:
+        self.requested = True
+        self.requeue = self.requeue or name != "SIGTERM"
+        log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
+        if trainer.world_size == 1:
+            self._stop(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.world_size > 1:
+            flags = [int(self.requested), int(self.requeue)]
+            decisions = torch.tensor(flags, device=trainer.strategy.root_device)
+            requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
+            if requested:  # on every rank, after the same batch
+                self.requeue = requeue
+                self._stop(trainer)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
+        if self.requeue and trainer.is_global_zero:
+            atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
+
+
+def _requeue_this_job() -> None:
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{task}" if array_job and task else os.environ["SLURM_JOB_ID"]
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode == 0:
+        log.warning("requeued Slurm job %s: it resumes from preempted.ckpt when it starts again", job)
+    else:
+        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _first_line(error: BaseException) -> str:
+    return _one_line(str(error))[:200]

@@ -1,0 +1,84 @@
+"""Which accelerator x strategy x precision combinations this machine can run.
+
+Decided before Lightning builds the Trainer (in the preflight, and again for every sweep job), so
+that a combination that cannot run ends in one line naming the options and what to use instead,
+not in Lightning's traceback (``strategy=fsdp`` on a CPU raised ValueError). Availability is asked of
+Lightning's own accelerators. What still fails when Lightning builds the Trainer is reported the
+same way (``trainer_errors``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+from omegaconf import DictConfig
+
+from litlab.errors import LitlabError, check_gpus_available
+
+# What Lightning's accelerator names run on.
+_DEVICE_OF = {"gpu": "cuda", "cuda": "cuda", "mps": "mps", "tpu": "tpu", "cpu": "cpu"}
+_NEEDS = {
+    "mps": "an Apple GPU (MPS)",
+    "tpu": "a TPU and torch_xla (pip install torch_xla)",
+}
+
+
+@functools.cache  # the hardware does not change while a process runs
+def available_devices() -> frozenset[str]:
+    """The device kinds here: ``cpu`` always, and ``cuda``, ``mps``, ``tpu`` as Lightning sees them."""
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator, XLAAccelerator
+
+    found = {"cpu"}
+    for device, accelerator in (("cuda", CUDAAccelerator), ("mps", MPSAccelerator), ("tpu", XLAAccelerator)):
+        with contextlib.suppress(Exception):  # an accelerator's check may import what is not installed
+            if accelerator.is_available():
+                found.add(device)
+    return frozenset(found)
+
+
+def device_of(accelerator: str, available: set[str]) -> str:
+    """What ``trainer.accelerator`` runs on here (``auto`` picks as Lightning does: TPU, MPS, CUDA, CPU)."""
+    if accelerator == "auto":
+        return next((d for d in ("tpu", "mps", "cuda") if d in available), "cpu")
+    return _DEVICE_OF.get(accelerator, accelerator)
+
+
+def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
+    """A LitlabError (one line) when this machine cannot run the trainer's accelerator, or the
+    strategy on it. (Every precision builds on every accelerator Lightning has: fp16 runs as bf16 on
+    a CPU, with a warning; what a precision does to training shows in it, e.g. the non-finite guard.)"""
+    accelerator = str(trainer.accelerator)
+    check_gpus_available(trainer)
+    available = available_devices()
+    device = device_of(accelerator, available)
+    if device in _NEEDS and device not in available:
+        raise LitlabError(
+            f"trainer.accelerator={accelerator} needs {_NEEDS[device]}, which this machine does not have: "
+            "use trainer.accelerator=cpu (or auto)"
+        )
+    if strategy.name == "fsdp" and device != "cuda":
+        raise LitlabError(
+            f"strategy=fsdp needs GPUs (trainer.accelerator=gpu), and trainer.accelerator={accelerator} runs "
+            f"on {device} here: use strategy=ddp with trainer.devices=N (or strategy=auto), or run on GPUs "
+            "with trainer=gpu strategy=fsdp"
+        )
+
+
+@contextlib.contextmanager
+def trainer_errors(trainer: DictConfig, strategy: DictConfig, precision: DictConfig) -> Iterator[None]:
+    """What Lightning refuses while it builds the Trainer, as one line naming the combination."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        yield
+    except (ValueError, MisconfigurationException, ImportError) as error:
+        options = (
+            f"trainer.accelerator={trainer.accelerator} strategy={strategy.name} precision={precision.name}"
+        )
+        reason = " ".join(str(error).split())
+        raise LitlabError(
+            f"{options} cannot run here: {reason} (use trainer.accelerator=cpu strategy=auto precision=fp32, "
+            "which run anywhere, or the options this names)"
+        ) from error

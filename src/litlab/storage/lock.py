@@ -1,0 +1,235 @@
+"""One process at a time trains a run identity: a lock in the storage root, ``<root>/<identity>.lock``.
+
+Two copies of one command (a job array that runs the same overrides twice, a second terminal) would
+write the same checkpoints, interleaved. The first to start holds the lock, a small JSON file naming
+it (host, pid, start time) that it rewrites every ``HEARTBEAT_S`` seconds; the second refuses in one
+line naming the holder, before training (and, from the preflight, before torch loads).
+
+A lock left behind by a process that was killed is taken over when:
+
+- its holder ran on this machine and its process is gone (a kill, then the same command: at once);
+- it was written by an earlier start of the same Slurm job (requeued, on any node: at once);
+- its heartbeat is older than ``STALE_AFTER_S`` seconds (a machine that died: 2 minutes later).
+
+The lock is created exclusively (``O_EXCL`` locally, a conditional PUT on S3) so two starts at the
+same moment cannot both win. Only global rank 0 takes it; the process releases it when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import secrets
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from litlab.errors import LitlabError
+from litlab.storage.roots import RunStorage, StorageError, failed_storage, write_text_atomic
+
+log = logging.getLogger("litlab")
+
+HEARTBEAT_S = 30
+STALE_AFTER_S = 120
+LOCK_SUFFIX = ".lock"
+
+
+class RunLocked(LitlabError):
+    """Another process holds the lock of this run identity."""
+
+
+@dataclass
+class Holder:
+    host: str
+    pid: int
+    started: str  # when the holder took the lock (ISO time, for people)
+    heartbeat: float  # when it last said it is alive (POSIX time)
+    token: str  # tells this holder's writes from a later one's
+    process_started: float | None = None  # its process's start time (a reused pid is another process)
+    slurm_job: str | None = None
+
+    @classmethod
+    def of_this_process(cls) -> Holder:
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=dt.datetime.now().isoformat(timespec="seconds"),
+            heartbeat=time.time(),
+            token=secrets.token_hex(8),
+            process_started=psutil.Process().create_time(),
+            slurm_job=_slurm_job(),
+        )
+
+    def stale_because(self) -> str | None:
+        """Why this lock may be taken over; None while its holder may still be running."""
+        if self.host == socket.gethostname():
+            if self.pid == os.getpid():
+                return "it is this process's own"
+            if not _same_process_alive(self.pid, self.process_started):
+                return f"its process {self.pid} is gone"
+        if self.slurm_job is not None and self.slurm_job == _slurm_job():
+            return f"it is an earlier start of Slurm job {self.slurm_job}, requeued"
+        age = time.time() - self.heartbeat
+        if age > STALE_AFTER_S:
+            return f"its last heartbeat is {age:.0f} s old (stale after {STALE_AFTER_S} s)"
+        return None
+
+    def describe(self) -> str:
+        age = max(0.0, time.time() - self.heartbeat)
+        return f"pid {self.pid} on {self.host} since {self.started} (last heartbeat {age:.0f} s ago)"
+
+
+def lock_url(storage: RunStorage) -> str:
+    return f"{storage.root}/{storage.identity}{LOCK_SUFFIX}"
+
+
+def held_by_another(storage: RunStorage) -> Holder | None:
+    """The live holder of the run's lock, if another process holds it (the preflight's check)."""
+    holder = _read(storage)
+    return holder if holder is not None and holder.stale_because() is None else None
+
+
+def refusal(storage: RunStorage, holder: Holder) -> str:
+    return (
+        f"run {storage.identity} is already running: {lock_url(storage)} is held by {holder.describe()}; "
+        "wait for it to end or stop it, or give this run another run_name (two copies of one command, "
+        "e.g. in a job array, would write the same checkpoints)"
+    )
+
+
+class RunLock:
+    """The lock of one run identity, held by this process from ``acquire`` to ``release``."""
+
+    def __init__(self, storage: RunStorage) -> None:
+        self.storage = storage
+        self.holder: Holder | None = None
+        self._stop = threading.Event()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # strategy=ddp_spawn pickles the run into its workers: a copy holds nothing (this process does).
+        return {"storage": self.storage}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["storage"])
+
+    def acquire(self) -> None:
+        """Take the lock, or raise RunLocked naming its holder."""
+        me = Holder.of_this_process()
+        if not _create(self.storage, me):
+            holder = _read(self.storage)
+            why = holder.stale_because() if holder is not None else "it cannot be read"
+            if why is None:
+                raise RunLocked(refusal(self.storage, holder))
+            log.warning("taking over %s (%s)", lock_url(self.storage), why)
+            _write(self.storage, me)
+            now = _read(self.storage)  # another start may have taken it over at the same moment
+            if now is None or now.token != me.token:
+                raise RunLocked(refusal(self.storage, now or me))
+        self.holder = me
+        threading.Thread(target=self._beat, name="litlab-lock-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            if self.holder is None or failed_storage(self.storage.url) is not None:
+                return
+            try:
+                current = _read(self.storage)
+                if current is not None and current.token != self.holder.token:
+                    log.error("%s was taken over by %s", lock_url(self.storage), current.describe())
+                    return
+                self.holder.heartbeat = time.time()
+                _write(self.storage, self.holder)
+            except Exception as error:  # storage trouble shows where checkpoints are written
+                log.warning("lock heartbeat not written to %s: %s", lock_url(self.storage), error)
+
+    def release(self) -> None:
+        self._stop.set()
+        holder, self.holder = self.holder, None
+        if holder is None or failed_storage(self.storage.url) is not None:
+            return
+        with contextlib.suppress(Exception):  # a lock left behind is stale once this process is gone
+            current = _read(self.storage)
+            if current is not None and current.token == holder.token:
+                self.storage.fs.rm_file(_lock_path(self.storage))
+
+
+def _lock_path(storage: RunStorage) -> str:
+    return f"{storage.path}{LOCK_SUFFIX}"
+
+
+def _create(storage: RunStorage, holder: Holder) -> bool:
+    """Write the lock if there is none; False if there is one."""
+    data = json.dumps(asdict(holder)).encode()
+    path = _lock_path(storage)
+    if storage.is_local:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=Path(path).parent, prefix=".lock.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.link(temporary, path)  # fails if the lock exists: created whole, and only once
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+    try:
+        storage.fs.pipe_file(path, data, mode="create")  # S3: a conditional PUT (If-None-Match)
+        return True
+    except FileExistsError:
+        return False
+    except (TypeError, NotImplementedError, ValueError):  # a backend without exclusive writes
+        if storage.fs.exists(path):
+            return False
+        storage.fs.pipe_file(path, data)
+        return True
+
+
+def _write(storage: RunStorage, holder: Holder) -> None:
+    text = json.dumps(asdict(holder))
+    if storage.is_local:
+        write_text_atomic(Path(_lock_path(storage)), text)
+    else:
+        storage.fs.pipe_file(_lock_path(storage), text.encode())
+
+
+def _read(storage: RunStorage) -> Holder | None:
+    try:
+        data: dict[str, Any] = json.loads(storage.fs.cat_file(_lock_path(storage)))
+        return Holder(**data)
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError):
+        log.warning("%s is not a litlab lock; it is replaced", lock_url(storage))
+        return Holder(host="?", pid=-1, started="?", heartbeat=0.0, token="")
+
+
+def check_not_locked(storage: RunStorage) -> None:
+    """The preflight's check: StorageError (one line) when another process holds the run's lock."""
+    holder = held_by_another(storage)
+    if holder is not None:
+        raise StorageError(refusal(storage, holder))
+
+
+def _same_process_alive(pid: int, started: float | None) -> bool:
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def _slurm_job() -> str | None:
+    job, task = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{job}_{task}" if job and task else job

@@ -1,0 +1,178 @@
+"""Storage that fails in the middle of a run, and two copies of one command at once.
+
+A full local or mounted disk (a small tmpfs, mounted for the test) and an S3 server that stops
+answering (the moto server, SIGSTOPped after some checkpoints) end the run in one line naming the
+storage URL and the cause; no file or object under a checkpoint's name is half-written, the previous
+checkpoint still loads, and once the storage is back the same command resumes from it. A second copy
+of a running command refuses in one line naming the holder of the run's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from litlab.storage.resume import load_point
+from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
+
+pytestmark = pytest.mark.slow
+
+# 3 epochs of 4 batches, last.ckpt every 2 steps: several checkpoints, the best one each epoch.
+RUN = [*TINY, "trainer.max_epochs=3", "callbacks.checkpoint.every_n_train_steps=2", "test_after_fit=false"]
+RUN_TIMEOUT_S = 120
+
+
+def one_line_failure(result: subprocess.CompletedProcess, *words: str) -> str:
+    assert result.returncode == 1, (
+        f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("litlab: error: storage "), last
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    for word in words:
+        assert word in last, last
+    return last
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 600 KB tmpfs: room for two checkpoints of the default CNN (254 KB each), not three."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def assert_every_checkpoint_loads(folder: Path) -> list[Path]:
+    checkpoints = sorted(folder.glob("*.ckpt"))
+    assert checkpoints, f"no checkpoint in {folder}"
+    for checkpoint in checkpoints:
+        load_point(str(checkpoint))  # raises on a truncated file
+    assert not list(folder.glob(".*.tmp")), "a temporary file was left behind"
+    return checkpoints
+
+
+@pytest.mark.parametrize("storage", ["local", "mounted"])
+def test_full_disk_fails_in_one_line_keeps_the_last_checkpoint_and_resumes_once_there_is_room(
+    log_dir, small_disk, storage
+):
+    command = ["litlab-train", *RUN, f"storage={storage}", f"storage.root={small_disk}"]
+    result = litlab(*command, timeout=RUN_TIMEOUT_S)
+    line = one_line_failure(result, str(small_disk), "no space left on device", "is intact")
+    (folder,) = [p for p in small_disk.iterdir() if p.is_dir()]
+    kept = re.search(r"the last checkpoint written, (\S+) \(step (\d+)\), is intact", line)
+    assert kept and Path(kept.group(1)).parent == folder / "checkpoints", line
+    assert_every_checkpoint_loads(folder / "checkpoints")
+    assert load_point(kept.group(1)).global_step == int(kept.group(2))
+    (first_run,) = run_dirs(log_dir)
+    assert summary(first_run)["status"] == "failed" and summary(first_run)["error"] in line
+    if storage == "mounted":
+        return  # the same failure and the same files; resuming is the same as for local below
+
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)  # room again
+    resumed = ok(litlab(*command, timeout=RUN_TIMEOUT_S))
+    assert re.search(r"resuming from \S+ \(epoch \d+, step (\d+)\)", resumed.stdout), resumed.stdout[-3000:]
+    outcome = summary(run_dirs(log_dir)[-1])
+    assert (outcome["status"], outcome["resumed_count"], outcome["global_step"]) == ("completed", 1, 12)
+
+
+def _pid_listening_on(port: int) -> int:
+    (pid,) = {
+        c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == "LISTEN"
+    }
+    return pid
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process stops answering (SIGSTOP) and answers again afterwards (SIGCONT), state intact."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_s3_server_that_stops_answering_fails_after_bounded_retries_and_the_same_command_resumes(
+    log_dir, s3_server
+):
+    bucket = s3_server.create_bucket("stops-answering")
+    storage = [
+        "storage=s3",
+        f"storage.root=s3://{bucket}/runs",
+        f"storage.endpoint_url={s3_server.endpoint}",
+        "storage.max_attempts=2",  # a request fails after at most 2 x 1 + 1 = 3 s
+        "storage.timeout_s=1",
+    ]
+    run = [*RUN, *storage, "callbacks.progress.every_n_steps=1"]
+    command = [str(BIN / "litlab-train"), *run]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LITLAB_LOG_DIR": str(log_dir), **s3_server.env()}
+    server = _pid_listening_on(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if re.search(r"\] epoch 1(?:/\d+)? step 6:", line):  # last.ckpt written at steps 2, 4 and 6
+            break
+    with stopped(server):
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    one_line_failure(result, f"s3://{bucket}/runs/", s3_server.endpoint, "did not answer after 2 attempts")
+
+    objects = s3_server.objects(bucket)
+    checkpoints = {key: data for key, data in objects.items() if key.endswith(".ckpt")}
+    assert any(key.endswith("/last.ckpt") for key in checkpoints), sorted(objects)
+    for data in checkpoints.values():  # every object under a checkpoint's name is whole
+        torch.load(io.BytesIO(data), weights_only=True)
+    resumed = ok(litlab("litlab-train", *run, env=s3_server.env(), timeout=RUN_TIMEOUT_S))
+    assert "resuming from s3://" in resumed.stdout
+    outcome = summary(run_dirs(log_dir)[-1])
+    assert (outcome["status"], outcome["resumed_count"], outcome["global_step"]) == ("completed", 1, 12)
+
+
+def test_a_second_copy_of_a_running_command_refuses_naming_the_holder(log_dir):
+    command = [*RUN, "trainer.max_epochs=50", "callbacks.progress.every_n_steps=1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LITLAB_LOG_DIR": str(log_dir)}
+    first = subprocess.Popen(
+        [str(BIN / "litlab-train"), *command], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:
+            if "] epoch 0" in line and " step 2:" in line:
+                break
+        second = litlab("litlab-train", *command, timeout=30)  # refused by the preflight, before torch
+        assert second.returncode == 2, second.stderr[-2000:]
+        (line,) = second.stderr.strip().splitlines()
+        host = socket.gethostname()
+        assert re.fullmatch(
+            rf"litlab: error: run default-\w+ is already running: {log_dir}/storage/default-\w+\.lock is "
+            rf"held by pid {first.pid} on {re.escape(host)} since \S+ \(last heartbeat \d+ s ago\); "
+            r".*run_name.*",
+            line,
+        ), line
+        assert len(run_dirs(log_dir)) == 1, "the refused copy made no run directory"
+    finally:
+        first.kill()
+        first.wait()

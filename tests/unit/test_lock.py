@@ -1,0 +1,102 @@
+"""The run lock (``litlab.storage.lock``) in a local storage root: who may take it over, and when."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from litlab.storage.lock import STALE_AFTER_S, Holder, RunLock, RunLocked, check_not_locked, lock_url
+from litlab.storage.roots import RunStorage, StorageError
+
+
+@pytest.fixture
+def storage(tmp_path) -> RunStorage:
+    return RunStorage(str(tmp_path / "root"), "default-0123456789")
+
+
+def write_lock(storage: RunStorage, **fields) -> None:
+    holder = {"host": "another-machine", "pid": 4242, "started": "2026-12-01T10:00:00", "token": "theirs"}
+    holder.update({"heartbeat": time.time(), **fields})
+    path = Path(lock_url(storage))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(holder))
+
+
+def test_the_lock_lives_in_the_storage_root_and_is_released(storage):
+    lock = RunLock(storage)
+    lock.acquire()
+    stored = json.loads(Path(lock_url(storage)).read_text())
+    assert lock_url(storage) == f"{storage.root}/{storage.identity}.lock"
+    assert stored["pid"] == lock.holder.pid and stored["host"] == lock.holder.host and stored["started"]
+    lock.release()
+    assert not Path(lock_url(storage)).exists()
+
+
+def test_a_live_holder_on_another_machine_is_named_and_refused(storage):
+    write_lock(storage)
+    with pytest.raises(RunLocked) as refused:
+        RunLock(storage).acquire()
+    line = str(refused.value)
+    assert "is held by pid 4242 on another-machine since 2026-12-01T10:00:00 (last heartbeat 0 s ago)" in line
+    assert "run_name" in line
+    with pytest.raises(StorageError, match="is already running"):  # the preflight's check, the same line
+        check_not_locked(storage)
+
+
+def test_a_lock_whose_heartbeat_stopped_is_taken_over(storage, caplog):
+    write_lock(storage, heartbeat=time.time() - STALE_AFTER_S - 1)
+    lock = RunLock(storage)
+    lock.acquire()
+    assert json.loads(Path(lock_url(storage)).read_text())["token"] == lock.holder.token
+    assert "stale after 120 s" in caplog.text
+    lock.release()
+
+
+def test_a_lock_of_a_killed_process_on_this_machine_is_taken_over_at_once(storage):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_lock(storage, host=socket.gethostname(), pid=dead.pid)
+    check_not_locked(storage)  # the preflight lets it through
+    lock = RunLock(storage)
+    lock.acquire()
+    lock.release()
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock(storage, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    write_lock(storage, slurm_job="77")  # on another node, its heartbeat still fresh
+    lock = RunLock(storage)
+    lock.acquire()
+    lock.release()
+    write_lock(storage, slurm_job="78")  # another job: refused
+    with pytest.raises(RunLocked):
+        RunLock(storage).acquire()
+
+
+def test_a_file_that_is_not_a_lock_is_replaced(storage):
+    write_lock(storage)
+    Path(lock_url(storage)).write_text("not json")
+    lock = RunLock(storage)
+    lock.acquire()
+    lock.release()
+
+
+def test_release_leaves_a_lock_someone_else_took_over(storage):
+    lock = RunLock(storage)
+    lock.acquire()
+    write_lock(storage)  # taken over while this process was away
+    lock.release()
+    assert json.loads(Path(lock_url(storage)).read_text())["token"] == "theirs"
+
+
+def test_the_holder_of_a_reused_pid_is_another_process(storage):
+    write_lock(storage, host=socket.gethostname(), pid=1, process_started=1.0)
+    assert (
+        Holder(**json.loads(Path(lock_url(storage)).read_text())).stale_because() == "its process 1 is gone"
+    )
