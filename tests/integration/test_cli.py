@@ -17,13 +17,21 @@ import time
 import urllib.request
 
 from litlab.config import preflight
-from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
+from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, litlab, ok, run_dirs, summary
 from tests.faults import MLPThatWarns
 
 
 def test_a_run_prints_no_known_noise_and_ends_with_its_metrics_and_run_dir(log_dir, monkeypatch):
     tiny = [t for t in TINY if t != "trainer.enable_model_summary=false"]
-    result = ok(litlab("litlab-train", "model=mlp", "model.net._target_=tests.faults.MLPThatWarns", *tiny))
+    result = ok(
+        litlab(
+            "litlab-train",
+            "model=mlp",
+            "model.net._target_=tests.faults.MLPThatWarns",
+            *tiny,
+            env=FAULTS_IMPORTABLE,
+        )
+    )
     output = result.stdout + result.stderr
     assert "💡 Tip" not in output and "LeafSpec" not in output  # Lightning's tips, torch's deprecation
     assert MLPThatWarns.message in result.stderr  # a warning of the user's own code still shows

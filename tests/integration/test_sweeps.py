@@ -123,7 +123,7 @@ def test_grid_sweep_report_matches_the_runs_own_numbers(grid_sweep):
     assert len(table) == 4
     assert ["**baseline**" in line for line in table] == [True, False, False, False]
     assert (
-        "![throughput and peak memory per configuration](report.png)"
+        "![throughput, peak memory and learning curves per configuration](report.png)"
         in (grid_sweep / "report.md").read_text()
     )
 
