@@ -6,6 +6,10 @@ SETUP := $(VENV)/.installed
 ARGS ?=
 LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
 PORT ?= 6006
+# pytest-xdist workers for make test / test-fast (one per core, at most 4: DDP tests start 2 ranks each);
+# a test file's tests stay on one worker, so its module fixtures run once.
+WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
 .DEFAULT_GOAL := help
 .PHONY: help setup train test test-fast bench lint format clean rename tensorboard
@@ -26,10 +30,10 @@ train: $(SETUP) ## Train the default experiment (CNN on the embedded digits, CPU
 	$(VENV)/bin/litlab-train $(ARGS)
 
 test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
-	$(PYTHON) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
-	$(PYTHON) -m pytest tests/unit $(ARGS)
+	$(PYTEST) tests/unit $(ARGS)
 
 tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams with final metrics (PORT=6006)
 	$(VENV)/bin/tensorboard --logdir $(LOGS) --port $(PORT)
