@@ -2,24 +2,28 @@
 allowed, no traceback, and nothing made or changed: no run directory, no file anywhere under the log
 folder (storage root included) or next to the command, an earlier run's files exactly as they were.
 
-Most rows fail in preflight without importing torch (checked: PYTHONPROFILEIMPORTTIME lists every
-module the process imported); the rows with ``before_torch=False`` can only be found once torch has
-loaded (no such GPU, weights of another model, your data module's own checks) and cost a Lightning
-start. Each row is a process: the exit status, stderr and what was imported are the things under test.
+Most rows fail in preflight without importing torch: those run one after another in one process
+(``tests.cli_rows`` calls each console script's ``main`` as the script does, and reports its exit
+status, stderr, whether torch or Lightning are in ``sys.modules`` after it, and the files after it),
+so a row that imports torch or writes a file is caught exactly, at one set of imports for all. The
+rows with ``before_torch=False`` can only be found once torch has loaded (no such GPU, weights of
+another model, your data module's own checks): each is a litlab process of its own.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
+from tests.cli_rows import tree
+from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, litlab, ok, run_dirs, summary
 
 
 @dataclass
@@ -190,60 +194,82 @@ def write_checkpoint_of_another_model(log_dir: Path, path: Path) -> Path:
     return path
 
 
-def tree(root: Path) -> dict[str, str]:
-    """Every file, folder and link under root: a file's sha256, "folder", or where a link points."""
-    entries = {}
-    for folder, dirs, names in os.walk(root):
-        for name in dirs + names:
-            path = Path(folder, name)
-            key = str(path.relative_to(root))
-            if path.is_symlink():
-                entries[key] = f"link to {os.readlink(path)}"
-            elif path.is_dir():
-                entries[key] = "folder"
-            else:
-                entries[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return entries
-
-
 ERROR_PREFIX = {"litlab-train": "litlab: error: ", "litlab-eval": "litlab: error: "}
 ERROR_PREFIX["litlab-compare"] = "litlab-compare: error: "
-IMPORT_TIME = "import time:"  # the lines PYTHONPROFILEIMPORTTIME=1 writes to stderr, one per module
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=case.marks, id=name) for name, case in CASES.items()]
-)
-def test_bad_input_fails_in_one_sentence_and_harms_nothing(name: str, earlier: Path, tmp_path: Path):
+PREFLIGHT_ROWS = [name for name, case in CASES.items() if case.before_torch]
+
+
+@pytest.fixture(scope="module")
+def preflight_rows(earlier_run, tmp_path_factory) -> dict[str, dict]:
+    """The rows that fail before torch, run one after another in one process (tests.cli_rows): for
+    each, its exit status, stderr, whether torch was imported by then, and the files under the log
+    folder and the rows' folders before and after it."""
+    earlier = earlier_run[0]
+    rows_dir = tmp_path_factory.mktemp("rows")
+    rows, words = [], []
+    for index, name in enumerate(PREFLIGHT_ROWS):
+        row_dir = rows_dir / f"row{index}"
+        (row_dir / "workdir").mkdir(parents=True)  # the row's working directory
+        places = Places(row_dir, earlier)
+        rows.append({"argv": [CASES[name].command, *(a.format_map(places) for a in CASES[name].args)],
+                     "cwd": str(row_dir / "workdir")})  # fmt: skip
+        words.append([word.format_map(places) for word in CASES[name].words])
+    request = {"rows": rows, "watch": [str(earlier), str(rows_dir)]}
+    env = {**os.environ, **FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(earlier)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.cli_rows"],
+        input=json.dumps(request), capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    reply = json.loads(child.stdout)
+    files_before = [reply["before"], *(result["files"] for result in reply["results"])]
+    for index, result in enumerate(reply["results"]):
+        result.update(before=files_before[index], words=words[index])
+    return dict(zip(PREFLIGHT_ROWS, reply["results"], strict=True))
+
+
+def assert_fails_in_one_sentence(case: Case, code: int, stderr: str, words: list[str], shown: str) -> None:
+    lines = stderr.strip().splitlines()
+    last_line = lines[-1] if lines else ""
+    assert code == case.code, f"exit {code}, expected {case.code}\n{shown}"
+    assert last_line.startswith(ERROR_PREFIX[case.command]), shown
+    for word in words:
+        assert word in last_line, shown
+    assert not re.search(r"[.!?] +[A-Z]", last_line), f"more than one sentence: {last_line}"
+    assert "Traceback" not in shown
+
+
+@pytest.mark.parametrize("name", PREFLIGHT_ROWS)
+def test_bad_input_found_before_torch_fails_in_one_sentence_and_harms_nothing(name: str, preflight_rows):
+    case, result = CASES[name], preflight_rows[name]
+    assert_fails_in_one_sentence(case, result["code"], result["stderr"], result["words"], result["stderr"])
+    # No run directory, checkpoint or any other file made or changed under the log folder (the
+    # storage root is in it) or in the row's own folder (its working directory and the paths it names).
+    assert result["files"] == result["before"], "files changed"
+    assert result["heavy"] == [], f"{name} imported {result['heavy']} before failing"
+
+
+AFTER_TORCH_ROWS = [name for name, case in CASES.items() if not case.before_torch]
+
+
+@pytest.mark.parametrize("name", AFTER_TORCH_ROWS)
+def test_bad_input_found_after_torch_fails_in_one_sentence_and_harms_nothing(name, earlier, tmp_path):
     case, places = CASES[name], Places(tmp_path, earlier)
     args = [arg.format_map(places) for arg in case.args]
     words = [word.format_map(places) for word in case.words]
     workdir = tmp_path / "workdir"  # the command's working directory: nothing may appear there either
     workdir.mkdir()
     before = {"logs": tree(earlier), "tmp": tree(tmp_path)}
-    env = {"LITLAB_LOG_DIR": str(earlier)}
-    if case.before_torch:
-        env["PYTHONPROFILEIMPORTTIME"] = "1"  # lists every module the process imported
 
-    result = litlab(case.command, *args, env=env, cwd=workdir)
+    result = litlab(case.command, *args, env={"LITLAB_LOG_DIR": str(earlier)}, cwd=workdir)
 
-    stderr = [line for line in result.stderr.splitlines() if not line.startswith(IMPORT_TIME)]
-    shown = "\n".join(stderr[-20:]) + "\n" + result.stdout[-1500:]
-    assert result.returncode == case.code, f"exit {result.returncode}, expected {case.code}\n{shown}"
-    last_line = stderr[-1] if stderr else ""
-    assert last_line.startswith(ERROR_PREFIX[case.command]), shown
-    for word in words:
-        assert word in last_line, shown
-    assert not re.search(r"[.!?] +[A-Z]", last_line), f"more than one sentence: {last_line}"
-    assert "Traceback" not in result.stderr + result.stdout
-    # No run directory, checkpoint or any other file made or changed under the log folder (the
-    # storage root is in it) or anywhere else the command could write.
+    shown = result.stderr[-3000:] + "\n" + result.stdout[-1500:]
+    assert_fails_in_one_sentence(case, result.returncode, result.stderr, words, shown)
     assert tree(earlier) == before["logs"], "the log folder changed"
     assert tree(tmp_path) == before["tmp"], "a file appeared or changed next to the command"
-    if case.before_torch:
-        imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if IMPORT_TIME in line}
-        assert "litlab.cli" in imported, "PYTHONPROFILEIMPORTTIME listed the imports"
-        assert not {"torch", "lightning"} & imported, f"{name} imported torch before failing"
 
 
 def test_hydra_full_error_shows_the_traceback(log_dir):
