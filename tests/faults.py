@@ -55,6 +55,25 @@ class MLPReportingItsProcess(MLP):
         return super().forward(x)
 
 
+class MLPReportingItsRank(MLP):
+    """An MLP that, at its first training forward pass, writes ``$LITLAB_TEST_REPORT.rank<N>.json``:
+    the process's pid, its parent's, and the global rank submitit gave it (None: not a submitit task),
+    so a test can tell ranks a cluster started from ranks that Lightning launched."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        report = os.environ.get("LITLAB_TEST_REPORT")
+        path = f"{report}.rank{global_rank()}.json"
+        if self.training and report and not os.path.exists(path):
+            state = {
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "submitit": os.environ.get("SUBMITIT_LOCAL_GLOBALID"),
+            }
+            with open(path, "w") as file:
+                json.dump(state, file)
+        return super().forward(x)
+
+
 class DigitsInALeftoverProcessGroup(DigitsDataModule):
     """The digits, built in a process that already holds a one-member process group, as an earlier
     in-process DDP job used to leave one: Lightning then adopts it whatever the run's world size.
