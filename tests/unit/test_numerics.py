@@ -1,9 +1,10 @@
 """A non-finite loss stops the run (or is skipped), and gradient clipping tames what would explode.
 
-In-process runs (``tests.conftest.train_in_process``). All use the same absurd learning rate: plain
-SGD at 1e9 turns the loss to inf/nan within a few steps. Checkpoints are written after every
-optimizer step, so "the last good checkpoint" is the one just before the bad step; its weights must
-equal those of the same run stopped there on purpose (``trainer.max_steps``).
+In-process runs (``tests.conftest.train_in_process``, as ``litlab-train`` runs them). All use the
+same absurd learning rate: plain SGD at 1e9 turns the loss to inf/nan within a few steps.
+Checkpoints are written after every optimizer step, so "the last good checkpoint" is the one just
+before the bad step; its weights must equal those of the same run stopped there on purpose
+(``trainer.max_steps``).
 """
 
 from __future__ import annotations
