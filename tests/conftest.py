@@ -32,6 +32,7 @@ FAULTS_IMPORTABLE = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.env
 # The seed of every random choice a test makes (kill points): printed in pytest's header, and
 # LITLAB_TEST_SEED=<seed> replays a failure.
 TEST_SEED = int(os.environ.get("LITLAB_TEST_SEED") or random.SystemRandom().randrange(2**32))
+os.environ["LITLAB_TEST_SEED"] = str(TEST_SEED)  # pytest-xdist's workers, started later, draw the same
 
 
 def pytest_report_header() -> str:
