@@ -95,13 +95,15 @@ class Stop:
     def newest_checkpoint_step(self) -> int:
         """The step of the newest checkpoint once stopped here (0: none yet), from the schedule alone.
 
-        SIGTERM saves preempted.ckpt at the step it stopped. SIGKILL leaves the last step-multiple of
-        CHECKPOINT_EVERY whose checkpoint was written: at train_batch_start and during validation the
-        previous step's is; at train_batch_end and during a write the step's own is not (yet).
+        SIGTERM saves preempted.ckpt at the step it stopped (after the epoch's validation where it
+        came at an epoch's end). SIGKILL leaves the last step-multiple of CHECKPOINT_EVERY whose
+        checkpoint was written: at train_batch_start the previous step's is; at train_batch_end and
+        during a write the step's own is not (yet); during an epoch-end validation neither is (an
+        epoch's last batch has no step checkpoint: the epoch-end one follows its validation).
         """
         if self.signal == "SIGTERM":
             return self.step
-        done = self.step - (0 if self.phase in ("train_batch_start", "validation") else 1)
+        done = self.step - (0 if self.phase == "train_batch_start" else 1)
         return done // CHECKPOINT_EVERY * CHECKPOINT_EVERY
 
     def __str__(self) -> str:
@@ -259,11 +261,11 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 
 
 def random_stop_in_the_last_epoch() -> Stop:
-    """A SIGKILL at a phase and step of the last epoch, drawn with TEST_SEED. (Validation is left
-    out: see the xfail test below.)"""
+    """A SIGKILL at a phase and step of the last epoch, drawn with TEST_SEED."""
     points = [("train_batch_start", step) for step in range(BATCHES, TOTAL_STEPS)]  # before batch step+1
     points += [("train_batch_end", step) for step in range(BATCHES + 1, TOTAL_STEPS + 1)]
     points += [("checkpoint_write", step) for step in range(BATCHES + 2, TOTAL_STEPS + 1, CHECKPOINT_EVERY)]
+    points += [("validation", TOTAL_STEPS)]
     phase, step = KILL_POINTS.choice(points)
     return Stop("SIGKILL", phase, step)
 
@@ -342,22 +344,27 @@ def test_a_run_stopped_at_every_edge_resumes_from_the_newest_valid_checkpoint_an
     assert curves(log_dir, tensorboard) == uninterrupted.curves, where
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning resumes a checkpoint written after an epoch's last batch (every_n_train_steps, "
-    "or preempted.ckpt on SIGTERM there) into the next epoch: the interrupted epoch's validation "
-    "never runs (loops/training_epoch_loop.py, reset(): 'save happened on_train_batch_end and epoch "
-    "is at end'), so its val metrics and epoch-end checkpoint are missing",
-)
-def test_a_run_killed_during_validation_resumes_and_runs_that_validation(uninterrupted, tmp_path):
+def test_a_run_stopped_during_validation_resumes_and_runs_that_validation(uninterrupted, tmp_path):
+    """A stop during an epoch's validation never loses it: SIGTERM lets it finish (and its epoch-end
+    checkpoints) before preempted.ckpt; after a SIGKILL, the resume replays the epoch's last batches
+    from the checkpoint before them and validates (no checkpoint is written on an epoch's last batch,
+    which Lightning would resume straight into the next epoch)."""
     log_dir = tmp_path / "logs"
-    stop = Stop("SIGKILL", "validation", BATCHES)
-    stop_at(stop, log_dir)
-    valid = valid_checkpoints(storage_folder(log_dir) / "checkpoints")
+    checkpoints = lambda: storage_folder(log_dir) / "checkpoints"  # noqa: E731  (made by the first start)
+    term = Stop("SIGTERM", "validation", BATCHES)
+    stop_at(term, log_dir)
+    valid = valid_checkpoints(checkpoints())
+    assert valid[checkpoints() / "preempted.ckpt"] == BATCHES
+    assert valid[checkpoints() / f"epoch_000-step_{BATCHES:06d}.ckpt"] == BATCHES  # validation finished
+    kill = Stop("SIGKILL", "validation", TOTAL_STEPS)
+    start = stop_at(kill, log_dir)
+    assert_resumed_from_the_newest_valid(start.stdout, valid, term.newest_checkpoint_step(), str(term))
+    valid = valid_checkpoints(checkpoints())
+    assert max(valid.values()) == kill.newest_checkpoint_step() == TOTAL_STEPS - CHECKPOINT_EVERY, valid
     final = ok(litlab("litlab-train", *HOOKED, env=env_for(log_dir)))
-    assert_resumed_from_the_newest_valid(final.stdout, valid, stop.newest_checkpoint_step(), str(stop))
-    assert_ends_as_uninterrupted(uninterrupted, log_dir, str(stop))
-    assert curves(log_dir, recorded_tensorboard_dir(log_dir)) == uninterrupted.curves, str(stop)
+    assert_resumed_from_the_newest_valid(final.stdout, valid, kill.newest_checkpoint_step(), str(kill))
+    assert_ends_as_uninterrupted(uninterrupted, log_dir, str(kill))
+    assert curves(log_dir, recorded_tensorboard_dir(log_dir)) == uninterrupted.curves, str(kill)
 
 
 def test_completed_run_is_not_trained_again_and_resume_never_starts_fresh(uninterrupted):

@@ -330,8 +330,9 @@ def every_rank_out_of_memory(step: int, attempt: int) -> bool:
 
 
 class StopTogetherOnSigterm(Callback):
-    """SIGTERM on any rank stops every rank at the same batch boundary (then ``PreemptionCheckpoint``
-    writes preempted.ckpt and the run exits 143). In a single process, as Lightning does it.
+    """SIGTERM on any rank stops every rank at the same batch boundary (at an epoch's end: after its
+    validation and epoch-end checkpoints); then ``PreemptionCheckpoint`` writes preempted.ckpt and
+    the run exits 143. In a single process too.
 
     Under Slurm, the requeue signal (SIGUSR1, what ``#SBATCH --signal=USR1@90`` sends before the time
     limit) does the same, and then rank 0 requeues the job (``scontrol requeue``): the job starts
@@ -342,14 +343,13 @@ class StopTogetherOnSigterm(Callback):
     """
 
     def __init__(self) -> None:
-        self.requested = False
-        self.requeue = False
+        self.requested = self.requeue = self.at_epoch_end = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Here, not in setup: Lightning installs its own handlers after the setup hooks.
         if threading.current_thread() is not threading.main_thread():
             return
-        self.requested = self.requeue = False
+        self.requested = self.requeue = self.at_epoch_end = False
         signal.signal(signal.SIGTERM, lambda signum, frame: self._note(trainer, "SIGTERM"))
         environment = trainer._accelerator_connector.cluster_environment
         if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
@@ -360,22 +360,46 @@ class StopTogetherOnSigterm(Callback):
         self.requested = True
         self.requeue = self.requeue or name != "SIGTERM"
         log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
-        if trainer.world_size == 1:
-            self._stop(trainer)
+        # Under DDP the ranks decide together at the batch's end (on_train_batch_end).
+        if trainer.world_size == 1 and not _epoch_ending(trainer):
+            self._stop(trainer)  # Lightning stops after the batch in progress
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.world_size > 1:
-            flags = [int(self.requested), int(self.requeue)]
-            decisions = torch.tensor(flags, device=trainer.strategy.root_device)
-            requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
-            if requested:  # on every rank, after the same batch
-                self.requeue = requeue
-                self._stop(trainer)
+        if not self._agreed(trainer):
+            return
+        if _epoch_ending(trainer):
+            self.at_epoch_end = True
+        else:
+            self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the epoch's validation; Lightning stops right after the epoch-end checkpoints.
+        if self._agreed(trainer) or self.at_epoch_end:
+            self._stop(trainer)
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any rank was asked to stop (a collective: every rank calls it at the same point)."""
+        if trainer.world_size == 1:
+            return self.requested
+        flags = [int(self.requested), int(self.requeue)]
+        decisions = torch.tensor(flags, device=trainer.strategy.root_device)
+        requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
+        self.requeue = requeue
+        return requested
 
     def _stop(self, trainer: L.Trainer) -> None:
         trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
         if self.requeue and trainer.is_global_zero:
             atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
+
+
+def _epoch_ending(trainer: L.Trainer) -> bool:
+    """Whether fitting is in an epoch's last batch or in a validation. Stopped there, Lightning would
+    cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
+    of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    last_batch = progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+    return last_batch or trainer.validating or trainer.sanity_checking
 
 
 def _requeue_this_job() -> None:

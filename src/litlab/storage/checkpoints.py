@@ -74,7 +74,14 @@ def run_checkpoints(
             LastCheckpoint(**common, filename=LAST, every_n_epochs=every_n_epochs or 1, final=True)
         )
         if every_n_train_steps:
-            callbacks.append(LastCheckpoint(**common, filename=LAST, every_n_train_steps=every_n_train_steps))
+            callbacks.append(
+                StepCheckpoint(
+                    **common,
+                    filename=LAST,
+                    every_n_train_steps=every_n_train_steps,
+                    epoch_end_every=every_n_epochs or 1,
+                )
+            )
     if not callbacks:
         return []  # save_top_k=0 and save_last=false: the run asked for no checkpoints at all
     callbacks.append(PreemptionCheckpoint(dirpath, filename=PREEMPTED))
@@ -110,6 +117,28 @@ def last_checkpoint(trainer: L.Trainer) -> str | None:
         if isinstance(callback, ModelCheckpoint) and callback.filename == LAST and callback.best_model_path:
             return callback.best_model_path
     return None
+
+
+class StepCheckpoint(LastCheckpoint):
+    """``last.ckpt`` every N optimizer steps, except on an epoch's last batch when the epoch-end
+    ``last.ckpt`` follows (every ``epoch_end_every`` epochs).
+
+    Why: Lightning resumes a checkpoint written on an epoch's last batch straight into the next epoch
+    (loops/training_epoch_loop.py, ``reset``), so a run killed during that epoch's validation would
+    never run it: its val metrics and its epoch-end checkpoint would be missing from a run reported
+    as completed. Without that checkpoint, the kill resumes from the one before, replays the last
+    batches (exactly: the loaders resume) and validates."""
+
+    def __init__(self, *args: Any, epoch_end_every: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_end_every = epoch_end_every
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        epoch_ends = progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+        if epoch_ends and (trainer.current_epoch + 1) % self.epoch_end_every == 0:
+            return
+        super().on_train_batch_end(trainer, pl_module, *args)
 
 
 class PreemptionCheckpoint(Checkpoint):
