@@ -8,7 +8,7 @@ LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
 PORT ?= 6006
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast bench lint format clean rename tensorboard
+.PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,6 +30,18 @@ test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
 	$(PYTHON) -m pytest tests/unit $(ARGS)
+
+coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; about 30 min)
+	rm -f .coverage .coverage.*
+	$(PYTHON) -m coverage run -m pytest $(ARGS); status=$$?; \
+	$(PYTHON) -m coverage combine --quiet && $(PYTHON) -m coverage report && $(PYTHON) -m coverage html --quiet \
+	&& echo "engine (src/litlab) lines and branches: $$($(PYTHON) -m coverage report --include='src/litlab/*' --format=total)%"; \
+	exit $$status
+
+mutation: $(SETUP) ## Mutation-test the engine's pure modules with mutmut (mutants/; about 20 min)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(or $(JOBS),2)
+	$(PYTHON) -m tests.mutation_score
 
 tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams with final metrics (PORT=6006)
 	$(VENV)/bin/tensorboard --logdir $(LOGS) --port $(PORT)
