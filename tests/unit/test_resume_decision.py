@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,17 @@ def test_the_newest_valid_checkpoint_is_resumed_and_broken_newer_ones_are_skippe
     middle = save_checkpoint(storage, "epoch=1-step=8.ckpt", step=8, epoch=1, age_s=20)
     broken = Path(storage.path) / "checkpoints" / "last.ckpt"
     broken.write_bytes(b"PK\x03\x04 truncated")
-    with caplog.at_level(logging.WARNING, logger="litlab"):
+    with caplog.at_level(logging.INFO, logger="litlab"):
         decision = resume.decide("auto", storage, is_global_zero=True)
     assert decision.point == ResumePoint(url=middle, epoch=1, global_step=8)
     assert decision.resumed_count == 1
-    assert f"skipping {broken}" in caplog.text
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"resume: skipping {broken}, it cannot be loaded (RuntimeError: ")
+    # The line the resume tests read from a run's output to learn where it resumed.
+    assert (
+        caplog.records[-1].getMessage()
+        == f"resuming from {middle} (epoch 1, step 8); resumed 0 time(s) before"
+    )
 
 
 def test_a_dict_without_lightning_keys_is_not_a_checkpoint(storage):
@@ -108,9 +115,12 @@ def test_a_completed_run_is_not_trained_again(storage):
     decision = resume.decide("auto", storage, is_global_zero=True)
     assert decision.point is None
     assert decision.completed_summary["global_step"] == 9
-    message = resume.completed_message(storage, decision.completed_summary)
-    assert "already completed (3 epochs, 9 steps" in message
-    assert storage.url_of("summary.json") in message
+    assert resume.completed_message(storage, decision.completed_summary) == (
+        f"run default-0123456789 already completed (3 epochs, 9 steps, summary: "
+        f"{storage.url_of('summary.json')}); not training it again. To train it from scratch: resume=never "
+        "(the finished run's files are moved aside) or another run_name; to train it further: "
+        "resume=<checkpoint> with a larger trainer.max_epochs"
+    )
 
 
 def test_an_unfinished_summary_does_not_stop_the_resume(storage):
@@ -184,10 +194,17 @@ def test_a_rank_without_a_decision_to_inherit_decides_without_acting(storage):
     assert (Path(storage.path) / "checkpoints" / "last.ckpt").exists()
 
 
-def test_a_debug_run_always_starts_fresh(storage):
+def test_a_debug_run_always_starts_fresh_on_every_rank(storage):
     save_checkpoint(storage, "last.ckpt", step=4)
     assert resume.decide("auto", storage, is_global_zero=True, debug_run=True) == Decision()
     assert json.loads(os.environ[resume.DECISION_ENV]) == {"point": None, "resumed": 0}
+    assert resume.decide("auto", storage, is_global_zero=False) == Decision()
+
+
+def test_the_reason_a_checkpoint_does_not_load_is_one_short_line():
+    assert resume._first_line(OSError("disk\n  said   no")) == "disk said no"
+    assert resume._first_line(ValueError("x" * 500)) == "x" * 200
+    assert resume._first_line(KeyError()) == "KeyError"
 
 
 def test_record_start_appends_each_start_to_run_json(storage, tmp_path):
@@ -196,12 +213,17 @@ def test_record_start_appends_each_start_to_run_json(storage, tmp_path):
     resume.record_start(
         storage, Decision(point=point, resumed_count=1, tensorboard_dir=tmp_path), tmp_path / "r2"
     )
-    record = json.loads(storage.read_text("run.json"))
+    text = storage.read_text("run.json")
+    assert text.endswith("}\n") and '\n  "identity": ' in text  # indented, for people who read it
+    record = json.loads(text)
     assert record["identity"] == "default-0123456789"
     assert record["resumed_count"] == 1 and record["tensorboard_dir"] == str(tmp_path)
     first, second = record["starts"]
     assert (first["resumed_from"], first["epoch"], first["global_step"]) == (None, None, None)
     assert first["run_dir"] == str(tmp_path / "run1")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", first["at"])
+    resume.record_start(storage, Decision(), tmp_path / "r3")
+    assert json.loads(storage.read_text("run.json"))["tensorboard_dir"] is None
     assert (second["resumed_from"], second["epoch"], second["global_step"]) == (point.url, 2, 12)
 
 
@@ -238,25 +260,43 @@ def test_a_resumed_tensorboard_logger_continues_the_recorded_directory_from_the_
     assert resume.logger_arguments(tensorboard_logger(str(tmp_path)), object()) == {}
 
 
-def test_a_resumed_run_on_the_same_machine_points_to_the_recorded_tensorboard_dir(storage, tmp_path):
+def test_a_resumed_run_on_the_same_machine_points_to_the_recorded_tensorboard_dir(storage, tmp_path, caplog):
     previous, own, run_dir = tmp_path / "first" / "tb", tmp_path / "second" / "tb", tmp_path / "second"
     previous.mkdir(parents=True)
     run_dir.mkdir()
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=previous)
-    resume.continue_tensorboard(decision, own, storage, run_dir)
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        resume.continue_tensorboard(decision, own, storage, run_dir)
     assert (run_dir / "tensorboard.dir").read_text() == f"{previous}\n"
     assert decision.tensorboard_dir == previous
+    assert caplog.messages == [f"resume: TensorBoard continues in {previous}"]
 
 
-def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage, tmp_path):
+def test_a_resumed_run_in_its_own_recorded_directory_needs_no_pointer(storage, tmp_path):
+    own = tmp_path / "tb"
+    own.mkdir()
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=own)
+    resume.continue_tensorboard(decision, own, storage, tmp_path)
+    assert not (tmp_path / "tensorboard.dir").exists() and decision.tensorboard_dir == own
+
+
+def test_a_resumed_run_without_tensorboard_records_none(storage, tmp_path):
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path)
+    resume.continue_tensorboard(decision, None, storage, tmp_path)
+    assert decision.tensorboard_dir is None and not (tmp_path / "tensorboard.dir").exists()
+
+
+def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage, tmp_path, caplog):
     events = Path(storage.path) / "tensorboard"
     events.mkdir()
     (events / "events.out.tfevents.1").write_bytes(b"e1")
     own = tmp_path / "run" / "tb"
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path / "gone")
-    resume.continue_tensorboard(decision, own, storage, tmp_path / "run")
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        resume.continue_tensorboard(decision, own, storage, tmp_path / "run")
     assert (own / "events.out.tfevents.1").read_bytes() == b"e1"
     assert decision.tensorboard_dir == own
+    assert caplog.messages == [f"resume: restored 1 TensorBoard event file(s) from {storage.url}"]
 
 
 def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
