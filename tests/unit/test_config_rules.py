@@ -5,6 +5,8 @@ accumulation; a run's identity hashes only the overrides that define it."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import zipfile
 
 import pytest
@@ -145,6 +147,17 @@ def test_more_cpu_devices_than_usable_cores_are_refused_naming_the_cores(cfg, mo
     rules.check(with_values(cfg, trainer__accelerator="gpu"))  # GPU devices are not CPU processes
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_cpu_cores_are_the_cores_this_process_may_use_not_the_machines():
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})  # as a Slurm step or a container's cpuset would
+        assert rules.cpu_cores() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert rules.cpu_cores() == len(allowed)
+
+
 def test_a_data_group_without_batch_size_is_refused(cfg):
     with open_dict(cfg):
         del cfg.data["batch_size"]
@@ -239,8 +252,12 @@ def test_eval_needs_a_checkpoint_file_that_is_a_zip_archive(tmp_path):
         rules.check_eval(OmegaConf.create({"ckpt_path": str(missing)}))
     text = tmp_path / "text.ckpt"
     text.write_text("hello")
-    with pytest.raises(ConfigError, match=f"^ckpt_path={text} is not a checkpoint: pass a .ckpt file"):
+    with pytest.raises(ConfigError) as raised:
         rules.check_eval(OmegaConf.create({"ckpt_path": str(text)}))
+    assert str(raised.value) == (
+        f"ckpt_path={text} is not a checkpoint: pass a .ckpt file that litlab-train wrote, "
+        "e.g. <run dir>/checkpoints/last.ckpt"
+    )
     archive = tmp_path / "last.ckpt"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("data.pkl", b"x")
@@ -275,6 +292,10 @@ def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launche
     assert identity_of(cfg, "model=mlp", "trainer.max_epochs=4") != plain
     assert identity_of(cfg, "model=mlp", "trainer.max_epochs=3", "+trainer.extra=1") != plain
     assert identity_of(cfg) != plain
+    # Stable across versions (a run started before an upgrade resumes after it): the experiment name
+    # and the first 10 hex digits of the SHA-1 of the sorted overrides, one per line.
+    digest = hashlib.sha1(b"model=mlp\ntrainer.max_epochs=3").hexdigest()[:10]
+    assert plain == f"{cfg.experiment_name}-{digest}"
 
 
 def test_a_run_name_is_the_identity(cfg):
