@@ -8,6 +8,7 @@ import copy
 import hashlib
 import os
 import zipfile
+from pathlib import Path
 
 import pytest
 from hydra.core.hydra_config import HydraConfig
@@ -18,16 +19,16 @@ from litlab.config.rules import BatchSizes, ConfigError
 from litlab.run.identity import run_identity
 from tests.conftest import compose_train
 
-
-@pytest.fixture(scope="module")
-def composed(tmp_path_factory) -> DictConfig:
-    """configs/train.yaml composed once (composing costs more than the checks under test)."""
-    return compose_train(["trainer.devices=1"], tmp_path_factory.mktemp("run"))
+# Composed once, at import: composing costs more than the checks under test, and mutmut's runs
+# (make mutation) are forked after the import, so each mutant's run reuses it.
+COMPOSED = compose_train(["trainer.devices=1"], Path("run"))
+WITHOUT_HYDRA = OmegaConf.masked_copy(COMPOSED, [k for k in COMPOSED if k != "hydra"])
 
 
 @pytest.fixture
-def cfg(composed) -> DictConfig:
-    return copy.deepcopy(composed)
+def cfg() -> DictConfig:
+    """The train config without its hydra node (the rules skip it), fresh for each test."""
+    return copy.deepcopy(WITHOUT_HYDRA)
 
 
 def with_values(cfg: DictConfig, **values) -> DictConfig:
@@ -265,17 +266,19 @@ def test_eval_needs_a_checkpoint_file_that_is_a_zip_archive(tmp_path):
     rules.check_eval(OmegaConf.create({"ckpt_path": "s3://bucket/run/last.ckpt"}))  # checked when read
 
 
-def identity_of(cfg: DictConfig, *overrides: str) -> str:
+def identity_of(*overrides: str, run_name: str | None = None) -> str:
+    """The identity of the composed config launched with these overrides (and ``run_name``)."""
+    cfg = copy.deepcopy(COMPOSED)
+    cfg.run_name = run_name
     with read_write(cfg.hydra):
         cfg.hydra.overrides.task = list(overrides)
     HydraConfig.instance().set_config(cfg)
     return run_identity(cfg)
 
 
-def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launched(cfg):
-    plain = identity_of(cfg, "model=mlp", "trainer.max_epochs=3")
-    assert plain.startswith(f"{cfg.experiment_name}-") and len(plain) == len(cfg.experiment_name) + 11
-    assert identity_of(cfg, "trainer.max_epochs=3", "model=mlp") == plain  # order does not matter
+def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launched():
+    plain = identity_of("model=mlp", "trainer.max_epochs=3")
+    assert identity_of("trainer.max_epochs=3", "model=mlp") == plain  # order does not matter
     launch_only = [
         "hydra.job.name=x",
         "resume=never",
@@ -288,16 +291,15 @@ def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launche
         "+paths.extra=1",
         "~storage.copy_logs",
     ]
-    assert identity_of(cfg, "model=mlp", "trainer.max_epochs=3", *launch_only) == plain
-    assert identity_of(cfg, "model=mlp", "trainer.max_epochs=4") != plain
-    assert identity_of(cfg, "model=mlp", "trainer.max_epochs=3", "+trainer.extra=1") != plain
-    assert identity_of(cfg) != plain
+    assert identity_of("model=mlp", "trainer.max_epochs=3", *launch_only) == plain
+    assert identity_of("model=mlp", "trainer.max_epochs=4") != plain
+    assert identity_of("model=mlp", "trainer.max_epochs=3", "+trainer.extra=1") != plain
+    assert identity_of() != plain
     # Stable across versions (a run started before an upgrade resumes after it): the experiment name
     # and the first 10 hex digits of the SHA-1 of the sorted overrides, one per line.
     digest = hashlib.sha1(b"model=mlp\ntrainer.max_epochs=3").hexdigest()[:10]
-    assert plain == f"{cfg.experiment_name}-{digest}"
+    assert plain == f"{COMPOSED.experiment_name}-{digest}"
 
 
-def test_a_run_name_is_the_identity(cfg):
-    with_values(cfg, run_name="mine")
-    assert identity_of(cfg, "model=mlp") == "mine"
+def test_a_run_name_is_the_identity():
+    assert identity_of("model=mlp", run_name="mine") == "mine"
