@@ -94,13 +94,17 @@ def package(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
-    signatures.signature_of.cache_clear()
-    signatures._module_tree.cache_clear()
+    forget_signatures()
     yield "sigpkg"
-    signatures.signature_of.cache_clear()
-    signatures._module_tree.cache_clear()
+    forget_signatures()
     for name in [m for m in sys.modules if m == "sigpkg" or m.startswith("sigpkg.")]:
         del sys.modules[name]
+
+
+def forget_signatures() -> None:
+    """Empty the caches of what was read, so each test reads its own package."""
+    for cached in (signatures.signature_of, signatures._module_tree):
+        cached.cache_clear()
 
 
 BASE = Signature(("width", "depth"), False)
