@@ -89,6 +89,23 @@ def test_each_row_gets_the_ratios_against_its_baseline():
     assert row_of(report, "a")["is_baseline"] is True and row_of(report, "a")["speed_up"] == 1.0
 
 
+def test_ratios_against_slow_baselines_below_one_sample_per_second():
+    base = run("a", "precision=fp32", throughput={"samples_per_second": 0.5})
+    other = run("b", "precision=bf16", groups={"precision": "bf16"}, throughput={"samples_per_second": 1.0})
+    assert row_of(build_report([base, other]), "b")["speed_up"] == 2.0
+
+
+def test_a_saved_config_with_interpolations_that_do_not_resolve_is_read_without_them():
+    config = {"optimized_metric": "${absent.metric}", "paths": {"output_dir": "${absent.dir}"}}
+    runs = [
+        run("a", "precision=fp32", "paths.output_dir=x", config=config),
+        run("b", "precision=bf16", "paths.output_dir=y", groups={"precision": "bf16"}, config=config),
+    ]
+    report = build_report(runs)
+    assert report.metric == "val/acc"  # the unresolvable name is no name
+    assert row_of(report, "b")["differs"] == {"paths.output_dir": "y"}  # from the override instead
+
+
 def test_memory_of_different_kinds_is_not_compared():
     base = run("a", "precision=fp32")
     other = run(
@@ -251,6 +268,8 @@ def test_seconds_to_reach_is_the_first_epoch_at_least_as_good_in_the_metrics_dir
     assert seconds_to_reach(points, 0.95, "max") == "never"
     assert seconds_to_reach(points, 0.7, "min") == 1.0
     assert seconds_to_reach(points, 0.4, "min") == "never"
+    assert seconds_to_reach(points, 0.5, "min") == 1.0  # reaching the target exactly counts
+    assert seconds_to_reach(points, 0.9, "max") == 3.0
 
 
 def test_a_row_gets_the_seconds_until_it_reached_its_baselines_final_metric():
