@@ -4,6 +4,7 @@ memory ratio, metric delta, seconds to the baseline's metric) only where both ru
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def test_no_ratio_against_a_zero_missing_or_non_finite_figure(base_figures, figu
 
 def test_no_metric_delta_when_either_metric_is_missing_or_not_finite():
     base = run("a", "precision=fp32", metrics={"val/acc": float("inf")})
-    other = run("b", "precision=bf16", groups={"precision": "bf16"})
+    history = [{"wall_s": 1.0, "metrics": {"val/acc": 0.5}}]
+    other = run("b", "precision=bf16", groups={"precision": "bf16"}, history=history)
     row = row_of(build_report([base, other]), "b")
     assert row["metric_delta"] is None and row["seconds_to_baseline"] is None
     other = run("b", "precision=bf16", groups={"precision": "bf16"}, metrics={})
@@ -286,10 +288,47 @@ def test_a_row_gets_the_seconds_until_it_reached_its_baselines_final_metric():
     ]
 
 
+def test_seconds_to_the_baseline_follow_the_metrics_direction():
+    history = [{"wall_s": 2.0, "metrics": {"val/loss": 0.9}}, {"wall_s": 4.0, "metrics": {"val/loss": 0.4}}]
+    runs = [
+        run(
+            "a",
+            "precision=fp32",
+            metrics={"val/loss": 0.5},
+            optimized_metric="val/loss",
+            optimized_metric_mode="min",
+        ),
+        run("b", "precision=bf16", groups={"precision": "bf16"}, metrics={"val/loss": 0.4}, history=history),
+    ]
+    assert row_of(build_report(runs), "b")["seconds_to_baseline"] == 4.0
+
+
+def test_values_with_an_equals_sign_and_dict_values_are_read_whole():
+    config = {"model": {"net": {"width": 1}}}
+    runs = [
+        run("a", "precision=fp32", "data.name=a=b", "model.net={width:1}", config=config),
+        run(
+            "b",
+            "precision=fp32",
+            "data.name=c=d",
+            "model.net={width:2}",
+            config={"model": {"net": {"width": 2}}},
+        ),
+    ]
+    report = build_report(runs, baseline="data.name=a=b")
+    assert report.swept_keys == ["data.name", "model.net"]
+    row = row_of(report, "b")
+    assert row["differs"] == {"data.name": "c=d", "model.net": {"width": 2}}
+    assert json.loads(json.dumps(row["differs"])) == row["differs"]  # plain values, as report.csv needs
+
+
 def test_a_row_carries_the_runs_own_figures_and_findings():
     finding = {"symptom": "overfitting", "evidence": "val/loss rose", "cures": ["dropout"]}
     summary_fields = {
         "precision": {"requested": "bf16-mixed", "effective": "bf16-mixed"},
+        "accumulate_grad_batches": 4,
+        "devices": 2,
+        "num_nodes": 3,
         "micro_batch_size": 8,
         "effective_batch_size": 32,
         "throughput": {"samples_per_second": 5.0, "tokens_per_second": 7.0, "seconds_per_epoch": 9.0},
@@ -310,6 +349,9 @@ def test_a_row_carries_the_runs_own_figures_and_findings():
         "precision": "fp32",
         "precision_requested": "bf16-mixed",
         "precision_effective": "bf16-mixed",
+        "accumulate_grad_batches": 4,
+        "devices": 2,
+        "num_nodes": 3,
         "micro_batch_size": 8,
         "effective_batch_size": 32,
         "samples_per_second": 5.0,
