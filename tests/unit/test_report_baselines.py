@@ -230,6 +230,18 @@ def test_the_metric_and_its_direction_come_from_the_runs_optimized_metric():
     assert build_report(runs, metric="val/acc", metric_mode="min").metric_mode == "min"
 
 
+def test_a_metric_name_with_several_parts_keeps_them_in_its_twin_and_direction():
+    runs = [run("a", optimized_metric="val/top1/acc", optimized_metric_mode="min")]
+    assert build_report(runs).test_metric == "test/top1/acc"
+    assert build_report(runs, metric="test/top5/acc").metric_mode == "min"  # same last part: a twin
+    assert build_report(runs, metric="val/top1/loss").metric_mode == "max"
+
+
+def test_the_report_records_the_baseline_it_was_asked_for():
+    assert build_report([run("a")]).baseline == DEFAULT_BASELINE
+    assert build_report([run("a")], baseline="devices=1").baseline == "devices=1"
+
+
 def test_the_metric_is_read_from_the_config_when_the_summary_has_none():
     config = {"optimized_metric": "val/perplexity", "optimized_metric_mode": "min"}
     report = build_report([run("a", status="failed", config=config)])

@@ -232,6 +232,20 @@ def test_what_the_check_leaves_alone(package):
         signatures.check(config(model={"_target_": "sigpkg.Net", "global_batch_size": 8}), [], [])
 
 
+def test_nodes_after_a_skipped_one_are_still_checked(package):
+    for skipped in ({"_target_": "", "x": 1}, {"_target_": 3}, "${model}", "???"):
+        cfg = config(first={"a": skipped, "b": {"_target_": "sigpkg.Net", "bad": 1}})
+        assert failure(cfg).startswith("unknown key 'first.b.bad'"), skipped
+    cfg = config(empty={"_target_": "", "x": 1}, model={"_target_": "sigpkg.Net", "bad": 1})
+    assert failure(cfg).startswith("unknown key 'model.bad'")
+
+
+def test_a_target_that_cannot_be_imported_is_named_where_it_was_written(package, config_dirs):
+    cfg = with_choices(config(model={"_target_": "sigpkg.models.Absent"}), model="small")
+    where = f"in {signatures._shown(config_dirs)}/model/small.yaml"
+    assert failure(cfg, [], [config_dirs]).startswith(f"model._target_=sigpkg.models.Absent {where} cannot")
+
+
 def test_a_target_that_cannot_be_imported_is_named_with_its_error(package):
     message = failure(config(model={"_target_": "sigpkg.models.Absent"}), ["model._target_=x"])
     assert message.startswith("model._target_=sigpkg.models.Absent on the command line cannot be imported (")
@@ -248,6 +262,7 @@ def config_dirs(tmp_path) -> Path:
         "experiment/tuned.yaml": "model:\n  widht: 3\n",
         "experiment/other.yaml": "data:\n  x: 1\n",
         "debug/broken.yaml": "a: [\n",
+        "experiment/unresolved.yaml": "model:\n  widht: ${absent}\n",
     }.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -267,6 +282,7 @@ def with_choices(cfg, **choices):
         (["model=small"], {"model": "small", "experiment": "tuned"}, "in {dir}/experiment/tuned.yaml"),
         (["model.width=1"], {"model": "small", "experiment": "other"}, "in {dir}/model/small.yaml"),
         ([], {"model": "small", "debug": "broken"}, "in {dir}/model/small.yaml"),
+        ([], {"model": "small", "experiment": "unresolved"}, "in {dir}/model/small.yaml"),
         ([], {"model": "gone"}, "in model=gone"),
         ([], {}, ""),
     ],
