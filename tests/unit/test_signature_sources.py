@@ -296,6 +296,21 @@ def test_the_message_says_where_the_key_was_written(package, config_dirs, overri
     )
 
 
+@pytest.mark.parametrize(
+    ("overrides", "where"),
+    [
+        (["model.net={widht: 3}"], "on the command line"),  # the key's parent written whole
+        (["model.net.widht=a=b"], "on the command line"),  # a value with '=' in it
+        (["model.netx=1"], "in {dir}/model/small.yaml"),  # a sibling whose name starts the same
+        ([], "in {dir}/model/small.yaml"),  # a nested key is in its group's file
+    ],
+)
+def test_a_nested_key_is_placed_by_its_parents_and_its_group(package, config_dirs, overrides, where):
+    cfg = with_choices(config(model={"net": {"_target_": "sigpkg.Net", "widht": 3}}), model="small")
+    where = where.format(dir=signatures._shown(config_dirs))
+    assert failure(cfg, overrides, [config_dirs]).startswith(f"unknown key 'model.net.widht' {where}: ")
+
+
 def test_paths_are_shown_relative_to_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert signatures._shown(tmp_path / "configs" / "a.yaml") == "configs/a.yaml"
