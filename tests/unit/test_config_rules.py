@@ -131,6 +131,7 @@ def test_a_bad_value_is_refused_with_one_sentence_naming_it(cfg, values, message
         {"trainer__devices": [0]},
         {"trainer__gradient_clip_val": 0.0},
         {"trainer__gradient_clip_val": None},
+        {"trainer__gradient_clip_algorithm": "value"},
         {"data__global_batch_size": 64, "trainer__devices": 2, "trainer__accelerator": "cpu"},
         {"tune__batch_size": True, "trainer__devices": 1},
     ],
@@ -243,6 +244,7 @@ def test_device_count_reads_every_form_of_trainer_devices(devices, count):
 def test_batch_sizes_derive_the_micro_batch_and_the_effective_batch(data, trainer, world_size, expected):
     sizes = rules.batch_sizes(OmegaConf.create(data), OmegaConf.create(trainer), world_size)
     assert sizes == BatchSizes(*expected)
+    assert all(type(size) is int for size in (sizes.micro, sizes.effective))  # a batch is whole samples
 
 
 def test_eval_needs_a_checkpoint_file_that_is_a_zip_archive(tmp_path):
