@@ -6,6 +6,10 @@ SETUP := $(VENV)/.installed
 ARGS ?=
 LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
 PORT ?= 6006
+# pytest-xdist workers for make test / test-fast (one per core, at most 4: DDP tests start 2 ranks each);
+# a test file's tests stay on one worker, so its module fixtures run once.
+WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
 .DEFAULT_GOAL := help
 .PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard
@@ -26,12 +30,12 @@ train: $(SETUP) ## Train the default experiment (CNN on the embedded digits, CPU
 	$(VENV)/bin/litlab-train $(ARGS)
 
 test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
-	$(PYTHON) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
-	$(PYTHON) -m pytest tests/unit $(ARGS)
+	$(PYTEST) tests/unit $(ARGS)
 
-coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; about 30 min)
+coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; over an hour on 2 cores)
 	rm -f .coverage .coverage.*
 	$(PYTHON) -m coverage run -m pytest $(ARGS); status=$$?; \
 	$(PYTHON) -m coverage combine --quiet && $(PYTHON) -m coverage report && $(PYTHON) -m coverage html --quiet \
@@ -41,7 +45,7 @@ coverage: $(SETUP) ## Run the suite under coverage.py, child processes included 
 	% (100 * t["covered_lines"] / t["num_statements"], 100 * t["covered_branches"] / t["num_branches"]))'; \
 	exit $$status
 
-mutation: $(SETUP) ## Mutation-test the engine's pure modules with mutmut (mutants/; about 20 min)
+mutation: $(SETUP) ## Mutation-test the engine's pure modules with mutmut (mutants/; about an hour on 2 cores)
 	rm -rf mutants
 	$(VENV)/bin/mutmut run --max-children $(or $(JOBS),2)
 	$(VENV)/bin/mutmut export-cicd-stats

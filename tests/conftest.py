@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # For litlab subprocesses that train a network from tests.faults: they import it from the repository.
 FAULTS_IMPORTABLE = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+# The seed of every random choice a test makes (kill points): printed in pytest's header, and
+# LITLAB_TEST_SEED=<seed> replays a failure.
+TEST_SEED = int(os.environ.get("LITLAB_TEST_SEED") or random.SystemRandom().randrange(2**32))
+os.environ["LITLAB_TEST_SEED"] = str(TEST_SEED)  # pytest-xdist's workers, started later, draw the same
+
+
+def pytest_report_header() -> str:
+    return f"litlab: LITLAB_TEST_SEED={TEST_SEED} (random test choices; set it to replay them)"
+
 
 # Tiny settings: a few batches of the digits, so a Lightning process costs its imports and little more.
 TINY = [

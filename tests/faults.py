@@ -1,12 +1,15 @@
-"""Networks for tests that fail on purpose or report on the process training them: picked with
-``model=mlp model.net._target_=tests.faults.X`` (networks) or ``data._target_=tests.faults.X``.
+"""Networks, datamodules and a callback for tests that fail on purpose or report on the process
+training them: picked with ``model=mlp model.net._target_=tests.faults.X`` (networks),
+``data._target_=tests.faults.X`` or ``+callbacks.NAME._target_=tests.faults.X`` (callbacks).
 
 The test process puts the repository on PYTHONPATH so that training subprocesses can import them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
 import signal
@@ -14,6 +17,7 @@ import time
 import warnings
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from litlab.logs import global_rank
 from project.vision.data import DigitsDataModule
@@ -47,6 +51,25 @@ class MLPReportingItsProcess(MLP):
                 "nvml_based_cuda_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
             }
             with open(report, "w") as file:
+                json.dump(state, file)
+        return super().forward(x)
+
+
+class MLPReportingItsRank(MLP):
+    """An MLP that, at its first training forward pass, writes ``$LITLAB_TEST_REPORT.rank<N>.json``:
+    the process's pid, its parent's, and the global rank submitit gave it (None: not a submitit task),
+    so a test can tell ranks a cluster started from ranks that Lightning launched."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        report = os.environ.get("LITLAB_TEST_REPORT")
+        path = f"{report}.rank{global_rank()}.json"
+        if self.training and report and not os.path.exists(path):
+            state = {
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "submitit": os.environ.get("SUBMITIT_LOCAL_GLOBALID"),
+            }
+            with open(path, "w") as file:
                 json.dump(state, file)
         return super().forward(x)
 
@@ -147,3 +170,97 @@ class MLPFailingOnOneRank(MLP):
                     )
                 raise RuntimeError(f"injected failure on rank {global_rank()}")
         return super().forward(x)
+
+
+# --- exact stopping points for resume tests ------------------------------------------------------
+
+SIGNAL_AT_ENV = "LITLAB_TEST_SIGNAL_AT"
+# Where SignalAt stops a run, in the order Lightning reaches them within a step (train_batch_end runs
+# before the step's checkpoint: Lightning calls checkpoint callbacks last).
+PHASES = ("train_batch_start", "train_batch_end", "validation", "checkpoint_write")
+
+
+class SignalAt(Callback):
+    """A callback that signals its own process at one exact point of training, as $LITLAB_TEST_SIGNAL_AT
+    says: ``<SIGNAL>:<phase>:<global step>``, e.g. ``SIGKILL:train_batch_end:5``. Phases:
+
+    - ``train_batch_start``: before the batch of that global step runs (after the previous step and
+      its checkpoint);
+    - ``train_batch_end``: after that step's optimizer update, before its checkpoint is written;
+    - ``validation``: after the first validation batch at that global step (not the sanity check);
+    - ``checkpoint_write``: while the first checkpoint at that step is being written: half of its
+      bytes are in the file, flushed to disk, when the signal is sent (SIGKILL: as a kill mid-write).
+
+    Every checkpoint also records the process's random generators' states (``tests.faults.rng``),
+    so tests can compare them with an uninterrupted run's. Without the variable it only records.
+    """
+
+    def __init__(self) -> None:
+        spec = os.environ.get(SIGNAL_AT_ENV)
+        self.signal = self.phase = self.step = None
+        if spec:
+            name, self.phase, step = spec.split(":")
+            self.signal, self.step = signal.Signals[name], int(step)
+            if self.phase not in PHASES:
+                raise ValueError(f"{SIGNAL_AT_ENV}={spec}: the phase is one of {', '.join(PHASES)}")
+            if self.phase == "checkpoint_write" and self.signal != signal.SIGKILL:
+                raise ValueError(f"{SIGNAL_AT_ENV}={spec}: a write is stopped by SIGKILL only")
+
+    def _at(self, phase: str, trainer) -> bool:
+        return self.phase == phase and trainer.global_step == self.step and not trainer.sanity_checking
+
+    def _send(self) -> None:
+        self.phase = None  # once
+        os.kill(os.getpid(), self.signal)
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        if self._at("train_batch_start", trainer):
+            self._send()
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if self._at("train_batch_end", trainer):
+            self._send()
+
+    def on_validation_batch_end(self, trainer, *args) -> None:
+        if self._at("validation", trainer):
+            self._send()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint["tests.faults"] = {"rng": random_generator_states()}
+        if self._at("checkpoint_write", trainer):
+            self.phase = None
+            torch.save = _half_written_then_signalled(torch.save, self.signal)
+
+
+def random_generator_states() -> dict[str, torch.Tensor]:
+    """torch's, Python's and numpy's global generator states, as tensors (weights_only loads them)."""
+    import random
+
+    import numpy as np
+
+    _, python_state, _ = random.getstate()
+    _, numpy_keys, numpy_position, *_ = np.random.get_state()
+    return {
+        "torch": torch.random.get_rng_state(),
+        "python": torch.tensor(python_state, dtype=torch.int64),
+        "numpy": torch.tensor([*numpy_keys.tolist(), numpy_position], dtype=torch.int64),
+    }
+
+
+def _half_written_then_signalled(save, sig: signal.Signals):
+    """A torch.save that serializes for real, writes the first half of the bytes where it was asked
+    to, flushes them to disk and sends ``sig`` to its own process (for SIGKILL: it never returns)."""
+
+    def save_half(obj, f, *args, **kwargs) -> None:
+        buffer = io.BytesIO()
+        save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        with contextlib.ExitStack() as stack:
+            file = f if hasattr(f, "write") else stack.enter_context(open(f, "wb"))  # noqa: SIM115
+            file.write(data[: len(data) // 2])
+            file.flush()
+            if hasattr(file, "fileno"):
+                os.fsync(file.fileno())
+            os.kill(os.getpid(), sig)
+
+    return save_half

@@ -1,13 +1,18 @@
-"""Bad input: a non-zero exit, one sentence naming the bad value and what is allowed, no traceback,
-no checkpoints, and an earlier run's files left exactly as they were.
+"""Bad input: exit 2, a last line ``litlab: error: <one sentence>`` naming the bad value and what is
+allowed, no traceback, and nothing made or changed: no run directory, no file anywhere under the log
+folder (storage root included) or next to the command, an earlier run's files exactly as they were.
 
-Most rows fail in preflight (well under a second, no torch); the rows marked "after torch" can only
-be found once torch has loaded (no such GPU, weights of another model) and cost a Lightning start.
+Most rows fail in preflight without importing torch: those run one after another in one process
+(``tests.cli_rows`` calls each console script's ``main`` as the script does, and reports its exit
+status, stderr, whether torch or Lightning are in ``sys.modules`` after it, and the files after it),
+so a row that imports torch or writes a file is caught exactly, at one set of imports for all. The
+rows with ``before_torch=False`` can only be found once torch has loaded (no such GPU, weights of
+another model, your data module's own checks): each is a litlab process of its own.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import re
 import subprocess
@@ -17,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from litlab.config.rules import cpu_cores
-from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
+from tests.cli_rows import tree
+from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, litlab, ok, run_dirs, summary
 
 
 @dataclass
@@ -26,10 +31,13 @@ class Case:
     command: str
     args: list[str]
     words: list[str]  # each appears in the last line of stderr
+    code: int = 2  # bad input; 1 is for a run that failed
+    before_torch: bool = True  # found by the preflight's torch-free checks
     marks: list = field(default_factory=list)
 
 
-CORES = cpu_cores()
+# The cores this process may use, as coreutils counts them (not the engine's own helper).
+CORES = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
 
 CASES = {
     # --- litlab-train: composition and schema -----------------------------------------------
@@ -60,7 +68,10 @@ CASES = {
         "litlab-train", [f"trainer.devices={CORES + 1}"], [f"trainer.devices={CORES + 1}", f"{CORES} CPU"]
     ),
     "negative learning rate (after torch)": Case(
-        "litlab-train", ["optimizer.lr=-1"], ["optimizer=adamw", "lr=-1", "Invalid learning rate"]
+        "litlab-train",
+        ["optimizer.lr=-1"],
+        ["optimizer=adamw", "lr=-1", "Invalid learning rate"],
+        before_torch=False,
     ),
     "unknown key in your group": Case(
         "litlab-train", ["model.net.hiden=3"], ["'model.net.hiden'", "project.vision.nets.CNN", "channels"]
@@ -84,17 +95,25 @@ CASES = {
     "metric mode that does not exist": Case(
         "litlab-train", ["optimized_metric_mode=highest"], ["optimized_metric_mode=highest", "min", "max"]
     ),
+    # Found by your data module when the run builds it (after torch).
     "image folder that does not exist": Case(
-        "litlab-train", ["data=image_folder", "data.root={tmp}/nowhere"], ["data.root={tmp}/nowhere"]
+        "litlab-train",
+        ["data=image_folder", "data.root={tmp}/nowhere"],
+        ["data.root={tmp}/nowhere"],
+        before_torch=False,
     ),
     "image folder without images": Case(
-        "litlab-train", ["data=image_folder", "data.root={no_images}"], ["data.root={no_images}", ".png"]
+        "litlab-train",
+        ["data=image_folder", "data.root={no_images}"],
+        ["data.root={no_images}", ".png"],
+        before_torch=False,
     ),
     # --- litlab-train: found after torch loads ------------------------------------------------
     "more GPUs than the machine has (after torch)": Case(
         "litlab-train",
         ["trainer.accelerator=gpu", "trainer.devices=64", *TINY],
         ["trainer.accelerator=gpu", "trainer.devices=64"],
+        before_torch=False,
     ),
     "storage root unwritable": Case(
         "litlab-train",
@@ -110,7 +129,10 @@ CASES = {
         "litlab-eval", ["ckpt_path={text_file}"], ["ckpt_path={text_file}", "not a checkpoint", ".ckpt"]
     ),
     "eval checkpoint of another model (after torch)": Case(
-        "litlab-eval", ["ckpt_path={other_model}"], ["ckpt_path={other_model}", "do not fit model=mlp"]
+        "litlab-eval",
+        ["ckpt_path={other_model}"],
+        ["ckpt_path={other_model}", "do not fit model=mlp"],
+        before_torch=False,
     ),
     # --- litlab-compare -------------------------------------------------------------------------
     "compare a missing directory": Case("litlab-compare", ["{tmp}/nowhere"], ["{tmp}/nowhere"]),
@@ -172,37 +194,82 @@ def write_checkpoint_of_another_model(log_dir: Path, path: Path) -> Path:
     return path
 
 
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root, following links (checkpoints/ is a link into storage/)."""
-    hashes = {}
-    for folder, _, names in os.walk(root, followlinks=True):
-        for name in names:
-            path = Path(folder, name)
-            hashes[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return hashes
+ERROR_PREFIX = {"litlab-train": "litlab: error: ", "litlab-eval": "litlab: error: "}
+ERROR_PREFIX["litlab-compare"] = "litlab-compare: error: "
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=case.marks, id=name) for name, case in CASES.items()]
-)
-def test_bad_input_fails_in_one_sentence_and_harms_nothing(name: str, earlier: Path, tmp_path: Path):
+PREFLIGHT_ROWS = [name for name, case in CASES.items() if case.before_torch]
+
+
+@pytest.fixture(scope="module")
+def preflight_rows(earlier_run, tmp_path_factory) -> dict[str, dict]:
+    """The rows that fail before torch, run one after another in one process (tests.cli_rows): for
+    each, its exit status, stderr, whether torch was imported by then, and the files under the log
+    folder and the rows' folders before and after it."""
+    earlier = earlier_run[0]
+    rows_dir = tmp_path_factory.mktemp("rows")
+    rows, words = [], []
+    for index, name in enumerate(PREFLIGHT_ROWS):
+        row_dir = rows_dir / f"row{index}"
+        (row_dir / "workdir").mkdir(parents=True)  # the row's working directory
+        places = Places(row_dir, earlier)
+        rows.append({"argv": [CASES[name].command, *(a.format_map(places) for a in CASES[name].args)],
+                     "cwd": str(row_dir / "workdir")})  # fmt: skip
+        words.append([word.format_map(places) for word in CASES[name].words])
+    request = {"rows": rows, "watch": [str(earlier), str(rows_dir)]}
+    env = {**os.environ, **FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(earlier)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.cli_rows"],
+        input=json.dumps(request), capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    reply = json.loads(child.stdout)
+    files_before = [reply["before"], *(result["files"] for result in reply["results"])]
+    for index, result in enumerate(reply["results"]):
+        result.update(before=files_before[index], words=words[index])
+    return dict(zip(PREFLIGHT_ROWS, reply["results"], strict=True))
+
+
+def assert_fails_in_one_sentence(case: Case, code: int, stderr: str, words: list[str], shown: str) -> None:
+    lines = stderr.strip().splitlines()
+    last_line = lines[-1] if lines else ""
+    assert code == case.code, f"exit {code}, expected {case.code}\n{shown}"
+    assert last_line.startswith(ERROR_PREFIX[case.command]), shown
+    for word in words:
+        assert word in last_line, shown
+    assert not re.search(r"[.!?] +[A-Z]", last_line), f"more than one sentence: {last_line}"
+    assert "Traceback" not in shown
+
+
+@pytest.mark.parametrize("name", PREFLIGHT_ROWS)
+def test_bad_input_found_before_torch_fails_in_one_sentence_and_harms_nothing(name: str, preflight_rows):
+    case, result = CASES[name], preflight_rows[name]
+    assert_fails_in_one_sentence(case, result["code"], result["stderr"], result["words"], result["stderr"])
+    # No run directory, checkpoint or any other file made or changed under the log folder (the
+    # storage root is in it) or in the row's own folder (its working directory and the paths it names).
+    assert result["files"] == result["before"], "files changed"
+    assert result["heavy"] == [], f"{name} imported {result['heavy']} before failing"
+
+
+AFTER_TORCH_ROWS = [name for name, case in CASES.items() if not case.before_torch]
+
+
+@pytest.mark.parametrize("name", AFTER_TORCH_ROWS)
+def test_bad_input_found_after_torch_fails_in_one_sentence_and_harms_nothing(name, earlier, tmp_path):
     case, places = CASES[name], Places(tmp_path, earlier)
     args = [arg.format_map(places) for arg in case.args]
-    before = file_hashes(earlier)
+    words = [word.format_map(places) for word in case.words]
+    workdir = tmp_path / "workdir"  # the command's working directory: nothing may appear there either
+    workdir.mkdir()
+    before = {"logs": tree(earlier), "tmp": tree(tmp_path)}
 
-    result = litlab(case.command, *args, env={"LITLAB_LOG_DIR": str(earlier)})
+    result = litlab(case.command, *args, env={"LITLAB_LOG_DIR": str(earlier)}, cwd=workdir)
 
-    assert result.returncode != 0, result.stdout[-2000:]
-    last_line = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
-    for word in case.words:
-        assert word.format_map(places) in last_line, result.stderr[-3000:]
-    if case.command != "litlab-compare":  # compare's wording is its own
-        assert last_line.startswith("litlab: error: "), result.stderr[-3000:]
-    assert not re.search(r"[.!?] +[A-Z]", last_line), f"more than one sentence: {last_line}"
-    assert "Traceback" not in result.stderr + result.stdout
-    after = file_hashes(earlier)
-    assert {k: v for k, v in after.items() if k in before} == before, "an earlier run's file changed"
-    assert [k for k in after if k.endswith(".ckpt")] == [k for k in before if k.endswith(".ckpt")]
+    shown = result.stderr[-3000:] + "\n" + result.stdout[-1500:]
+    assert_fails_in_one_sentence(case, result.returncode, result.stderr, words, shown)
+    assert tree(earlier) == before["logs"], "the log folder changed"
+    assert tree(tmp_path) == before["tmp"], "a file appeared or changed next to the command"
 
 
 def test_hydra_full_error_shows_the_traceback(log_dir):
@@ -211,19 +278,8 @@ def test_hydra_full_error_shows_the_traceback(log_dir):
     result = subprocess.run(
         [str(BIN / "litlab-train"), "trainer.max_epoch=3"], capture_output=True, text=True, env=env, cwd=REPO
     )
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr[-2000:]  # Hydra's own exit for an exception
     assert "Traceback" in result.stderr and "trainer.max_epoch" in result.stderr
-
-
-def test_bad_config_does_not_import_torch(log_dir):
-    # -X importtime lists every module imported; validation must stay torch-free to fail fast.
-    code = "import sys; sys.argv=['litlab-train','precision=fp61']; from litlab.cli.train import main; main()"
-    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True)
-    assert result.returncode == 2
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    assert "hydra" in imported
-    assert "torch" not in imported and "lightning" not in imported
-    assert not log_dir.exists() or not run_dirs(log_dir)
 
 
 # --- setups that run, with a warning --------------------------------------------------------
@@ -231,7 +287,7 @@ def test_bad_config_does_not_import_torch(log_dir):
 
 def test_setups_that_run_but_mislead_warn_and_record_what_ran(earlier_run):
     log_dir, result = earlier_run
-    run = run_dirs(log_dir)[0]  # the first run in this folder; bad-input cases may add failed ones
+    (run,) = run_dirs(log_dir)  # the only run: the bad-input rows that ran before it added none
     outcome = summary(run)
     assert outcome["overrides"][: len(MISLEADING)] == MISLEADING
     assert (outcome["world_size"], outcome["strategy"]) == (1, "ddp")

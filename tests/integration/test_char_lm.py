@@ -10,35 +10,35 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import litlab, ok, run_dirs, summary
+from tests.conftest import TEST_SEED, litlab, ok, run_dirs, summary
 from tests.integration.test_resume import (
-    ARGS,
+    HOOKED,
     TOTAL_STEPS,
+    Stop,
     assert_same_tensors,
     env_for,
     final_state,
-    interrupt_at,
     local_last_checkpoint,
     random_step,
     resumed_from,
+    stop_at,
 )
 from tests.integration.test_sweeps import report_rows, summaries, sweep
 
 pytestmark = pytest.mark.slow
 
-# After test_resume.ARGS (2 epochs of 10 batches of 32 sequences, cosine schedule), so these win.
+# After test_resume.HOOKED (2 epochs of 10 batches of 32 sequences, cosine schedule), so these win.
 CHAR_LM = ["experiment=char_lm", "test_after_fit=true"]
 
 
 @pytest.fixture(scope="module")
 def char_lm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     log_dir = tmp_path_factory.mktemp("char_lm") / "logs"
-    ok(litlab("litlab-train", *ARGS, *CHAR_LM, env=env_for(log_dir)))
+    ok(litlab("litlab-train", *HOOKED, *CHAR_LM, env=env_for(log_dir)))
     (run,) = run_dirs(log_dir)
     return run
 
@@ -79,14 +79,18 @@ def test_eval_of_the_best_checkpoint_reproduces_the_test_metrics(char_lm_run):
 
 
 def test_sigkill_then_the_same_command_ends_bitwise_equal_to_the_uninterrupted_run(char_lm_run, tmp_path):
-    log_dir, step = tmp_path / "logs", random_step()
-    status, _ = interrupt_at(step, signal.SIGKILL, env_for(log_dir), *CHAR_LM)
-    assert status == -signal.SIGKILL, f"kill at step {step}"
-    result = ok(litlab("litlab-train", *ARGS, *CHAR_LM, env=env_for(log_dir)))
+    # Killed by its own tests.faults.SignalAt right after a seeded, printed step's update.
+    log_dir = tmp_path / "logs"
+    stop = Stop("SIGKILL", "train_batch_end", random_step(low=2, high=TOTAL_STEPS - 1))
+    where = f"{stop} (TEST_SEED={TEST_SEED})"
+    print(where)
+    stop_at(stop, log_dir, *CHAR_LM)
+    result = ok(litlab("litlab-train", *HOOKED, *CHAR_LM, env=env_for(log_dir)))
     _, _, resumed_step = resumed_from(result.stdout)
-    assert resumed_step >= step - 2, f"killed at step {step}, resumed from {resumed_step}"
+    assert resumed_step == stop.newest_checkpoint_step(), f"{where}: resumed from step {resumed_step}"
     expected = final_state(local_last_checkpoint(char_lm_run.parents[2]))
-    assert_same_tensors(expected, final_state(local_last_checkpoint(log_dir)), f"kill at step {step}")
+    assert "rng" in expected
+    assert_same_tensors(expected, final_state(local_last_checkpoint(log_dir)), where)
 
 
 def test_precision_accumulation_sweep_reports_tokens_per_second_and_ranks_by_lowest_val_loss(tmp_path):

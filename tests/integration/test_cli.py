@@ -49,7 +49,7 @@ def test_a_run_prints_no_known_noise_and_ends_with_its_metrics_and_run_dir(log_d
     monkeypatch.chdir(REPO)
     for path in (checkpoints["best"], checkpoints["last"]):
         preflight.check_or_exit("train", [f"resume={path}", *tiny])  # parses, composes, file exists
-    evaluated = ok(litlab("litlab-eval", f"ckpt_path={checkpoints['best']}"))
+    evaluated = ok(litlab("litlab-eval", f"ckpt_path={checkpoints['best']}", env=FAULTS_IMPORTABLE))
     (eval_dir,) = run_dirs(log_dir, "eval")
     record = json.loads((eval_dir / "eval.json").read_text())
     assert record["ckpt_path"] == checkpoints["best"]

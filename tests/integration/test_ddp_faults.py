@@ -22,9 +22,10 @@ import psutil
 import pytest
 
 from litlab.storage.resume import load_point
-from tests.conftest import FAULTS_IMPORTABLE, litlab, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TEST_SEED, litlab, ok, run_dirs, summary
 from tests.integration.test_resume import (
     ARGS,
+    CHECKPOINT_EVERY,
     assert_same_tensors,
     final_state,
     interrupt_at,
@@ -32,6 +33,7 @@ from tests.integration.test_resume import (
     random_step,
     resumed_from,
     storage_folder,
+    valid_checkpoints,
 )
 
 pytestmark = pytest.mark.slow
@@ -81,13 +83,17 @@ def test_ddp_run_killed_then_preempted_twice_resumes_bitwise_equal(uninterrupted
     env = env_for(log_dir)
     kill_step = random_step(high=8)
     status, _ = interrupt_at(kill_step, signal.SIGKILL, env, *resume_args(), send=to_every_rank)
-    assert status == -signal.SIGKILL, f"SIGKILL of every rank at step {kill_step}"
+    assert status == -signal.SIGKILL, f"SIGKILL of every rank at step {kill_step} (TEST_SEED={TEST_SEED})"
+    # Killed from outside, at a step the progress log had reached: where it stopped is known from
+    # the files it left, and the next start must take the newest of them that loads.
+    valid = valid_checkpoints(storage_folder(log_dir) / "checkpoints")
 
     # The same command resumes; SIGTERM to the launching process, as a spot VM or Slurm sends it.
     status, output = interrupt_at(kill_step + 4, signal.SIGTERM, env, *resume_args())
     assert status == 128 + signal.SIGTERM, output[-3000:]
-    _, _, resumed_step = resumed_from(output)
-    assert resumed_step >= kill_step - 2, f"killed at step {kill_step}, resumed from {resumed_step}"
+    url, _, resumed_step = resumed_from(output)
+    assert valid and max(valid.values()) >= kill_step - CHECKPOINT_EVERY, (kill_step, valid)
+    assert resumed_step == max(valid.values()) == valid[Path(url)], f"killed at step {kill_step}: {valid}"
     preempted = storage_folder(log_dir) / "checkpoints" / "preempted.ckpt"
     stopped = stop_lines(output)
     assert set(stopped) == {"0", "1"} and len(set(stopped.values())) == 1, stopped  # one batch boundary

@@ -1,19 +1,27 @@
-"""Nothing is lost when a run dies: real ``litlab-train`` processes killed and run again.
+"""Nothing is lost when a run dies: real ``litlab-train`` processes stopped and run again.
 
 Every test runs the same command as one uninterrupted run (computed once per module) and requires
-the interrupted-then-resumed run to end with bitwise-equal weights and optimizer state, and the same
-TensorBoard curves. Kill points are drawn at random; the drawn step is in the assertion messages.
+the interrupted-then-resumed run to resume from the newest valid checkpoint (its step known in
+advance from where the run was stopped) and to end with a final checkpoint whose weights, optimizer,
+scheduler and random generator states are bitwise equal to the uninterrupted run's.
+
+Runs are stopped at exact points by ``tests.faults.SignalAt`` (a callback the command adds; it
+signals its own process at a given step and phase), not by racing the progress log. The one random
+point is drawn from ``TEST_SEED`` (printed in pytest's header and in every message about it;
+``LITLAB_TEST_SEED=<seed>`` replays it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import signal
 import subprocess
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,13 +29,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO, litlab, ok, run_dirs, summary
+from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TEST_SEED, litlab, ok, run_dirs, summary
+from tests.faults import PHASES, SIGNAL_AT_ENV
 from tests.image_files import write_image_folder
 
 pytestmark = pytest.mark.slow
 
 EPOCHS, BATCHES = 2, 10
 TOTAL_STEPS = EPOCHS * BATCHES
+CHECKPOINT_EVERY = 2
 # Several epochs of small batches with a schedule, checkpoints every 2 steps, TensorBoard every step.
 ARGS = [
     f"trainer.max_epochs={EPOCHS}",
@@ -42,27 +52,77 @@ ARGS = [
     "test_after_fit=false",
     "logger=tensorboard",
     "callbacks.progress.every_n_steps=1",
-    "callbacks.checkpoint.every_n_train_steps=2",
+    f"callbacks.checkpoint.every_n_train_steps={CHECKPOINT_EVERY}",
 ]
+# The fault hook: idle unless $LITLAB_TEST_SIGNAL_AT names a point; it records the generators'
+# states in every checkpoint. Part of every command here, so it is part of the run identity of all.
+SIGNAL_HOOK = "+callbacks.signal_at._target_=tests.faults.SignalAt"
+HOOKED = [*ARGS, SIGNAL_HOOK]
 # Per-step curves; epoch means of training metrics are left out: Lightning does not checkpoint their
 # running sums, so in the epoch a run resumed in they average the batches after the restart only.
 CURVES = ("train/loss_step", "lr-AdamW", "val/loss", "val/acc")
 RESUMING = re.compile(r"resuming from (\S+) \(epoch (\d+), step (\d+)\)")
+# For tests that draw kill points (other modules' too): seeded, so a failure can be replayed.
+KILL_POINTS = random.Random(TEST_SEED)
 
 
 @dataclass
 class Outcome:
     log_dir: Path
-    state: dict[str, Any]  # model and optimizer state of the final last.ckpt
+    state: dict[str, Any]  # model, optimizer, scheduler and generator states of the final last.ckpt
     curves: dict[str, dict[int, float]]
+    last_bytes: bytes  # the final last.ckpt as written
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Where a run is stopped: ``signal`` sent by its own SignalAt at ``phase`` of ``step``."""
+
+    signal: str
+    phase: str
+    step: int
+
+    def __post_init__(self) -> None:
+        assert self.phase in PHASES, self.phase
+
+    def env(self) -> dict[str, str]:
+        return {SIGNAL_AT_ENV: f"{self.signal}:{self.phase}:{self.step}"}
+
+    @property
+    def exit_status(self) -> int:
+        return -signal.SIGKILL if self.signal == "SIGKILL" else 128 + signal.SIGTERM
+
+    def newest_checkpoint_step(self) -> int:
+        """The step of the newest checkpoint once stopped here (0: none yet), from the schedule alone.
+
+        SIGTERM saves preempted.ckpt at the step it stopped. SIGKILL leaves the last step-multiple of
+        CHECKPOINT_EVERY whose checkpoint was written: at train_batch_start and during validation the
+        previous step's is; at train_batch_end and during a write the step's own is not (yet).
+        """
+        if self.signal == "SIGTERM":
+            return self.step
+        done = self.step - (0 if self.phase in ("train_batch_start", "validation") else 1)
+        return done // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+
+    def __str__(self) -> str:
+        return f"{self.signal} at {self.phase} of step {self.step}"
 
 
 def env_for(log_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {"LITLAB_LOG_DIR": str(log_dir), **(extra or {})}
+    return {**FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(log_dir), **(extra or {})}
 
 
 def final_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    return {"weights": checkpoint["state_dict"], "optimizer": checkpoint["optimizer_states"]}
+    """What a resumed run must end with exactly: weights, optimizer, scheduler and, where the
+    SignalAt hook recorded them, the random generators' states."""
+    state = {
+        "weights": checkpoint["state_dict"],
+        "optimizer": checkpoint["optimizer_states"],
+        "scheduler": checkpoint["lr_schedulers"],
+    }
+    if "tests.faults" in checkpoint:
+        state["rng"] = checkpoint["tests.faults"]["rng"]
+    return state
 
 
 def storage_folder(log_dir: Path) -> Path:
@@ -75,13 +135,22 @@ def local_last_checkpoint(log_dir: Path) -> dict[str, Any]:
     return torch.load(storage_folder(log_dir) / "checkpoints" / "last.ckpt", weights_only=True)
 
 
-def curves(log_dir: Path) -> dict[str, dict[int, float]]:
-    """TensorBoard scalars of every run directory under log_dir, as TensorBoard itself reads them."""
+def recorded_tensorboard_dir(log_dir: Path) -> Path:
+    """The TensorBoard log directory the run identity continues (run.json names it)."""
+    record = json.loads((storage_folder(log_dir) / "run.json").read_text())
+    return Path(record["tensorboard_dir"])
+
+
+def curves(log_dir: Path, tensorboard_dir: Path | None = None) -> dict[str, dict[int, float]]:
+    """TensorBoard scalars of the run's log directory (the only one under log_dir unless named), as
+    TensorBoard itself reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folders = sorted({p.parent for p in log_dir.glob("train/runs/*/tensorboard/events.out.tfevents.*")})
-    assert len(folders) == 1, f"one TensorBoard log directory expected, found {folders}"
-    events = EventAccumulator(str(folders[0]), size_guidance={"scalars": 0})
+    if tensorboard_dir is None:
+        folders = sorted({p.parent for p in log_dir.glob("train/runs/*/tensorboard/events.out.tfevents.*")})
+        assert len(folders) == 1, f"one TensorBoard log directory expected, found {folders}"
+        tensorboard_dir = folders[0]
+    events = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
     events.Reload()  # purges what a killed process logged past the step its successor resumed from
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in CURVES}
 
@@ -101,11 +170,29 @@ def assert_same_tensors(expected: Any, actual: Any, where: str = "") -> None:
         assert expected == actual, where
 
 
+def assert_ends_as_uninterrupted(uninterrupted: Outcome, log_dir: Path, where: str) -> None:
+    state = final_state(local_last_checkpoint(log_dir))
+    assert state.keys() == {"weights", "optimizer", "scheduler", "rng"}, "the SignalAt hook ran"
+    assert_same_tensors(uninterrupted.state, state, where)
+
+
+def stop_at(stop: Stop, log_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``litlab-train`` (HOOKED and ``args``), stopped by its own SignalAt at ``stop``."""
+    result = litlab("litlab-train", *HOOKED, *args, env=env_for(log_dir, stop.env()))
+    assert result.returncode == stop.exit_status, (
+        f"{stop}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
+    )
+    return result
+
+
 def interrupt_at(
     step: int, sig: signal.Signals, env: dict[str, str], *args: str, send: Any = None
 ) -> tuple[int, str]:
     """Start litlab-train, send ``sig`` once its progress log shows ``step``, return (status, output).
-    ``send(process, sig)`` picks whom to signal (default: the process, i.e. Lightning's launching one)."""
+    ``send(process, sig)`` picks whom to signal (default: the process, i.e. Lightning's launching one).
+
+    For signals from outside the process (to other ranks, from a launcher); a point inside one
+    process is exact with ``stop_at``."""
     process = subprocess.Popen(
         [str(BIN / "litlab-train"), *ARGS, *args],
         cwd=REPO,
@@ -137,90 +224,140 @@ def resumed_from(output: str) -> tuple[str, int, int]:
     return url, int(epoch), int(step)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    log_dir = tmp_path_factory.mktemp("uninterrupted") / "logs"
-    ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
-    return Outcome(log_dir, final_state(local_last_checkpoint(log_dir)), curves(log_dir))
+def valid_checkpoints(folder: Path) -> dict[Path, int]:
+    """Every checkpoint file in ``folder`` that torch's safe loading reads, with its global step."""
+    steps = {}
+    for path in folder.glob("*.ckpt"):
+        try:
+            steps[path] = int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+        except (RuntimeError, EOFError, ValueError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile):
+            continue
+    return steps
+
+
+def assert_resumed_from_the_newest_valid(output: str, valid: dict[Path, int], step: int, where: str) -> Path:
+    """The run resumed from a checkpoint at ``step``, which is the newest valid one on disk then."""
+    url, _, resumed_step = resumed_from(output)
+    assert max(valid.values()) == step, f"{where}: newest valid checkpoint on disk {valid}, expected {step}"
+    assert resumed_step == step and Path(url) in valid and valid[Path(url)] == step, (
+        f"{where}: resumed from {url} at step {resumed_step}; valid checkpoints {valid}"
+    )
+    return Path(url)
 
 
 def random_step(low: int = 4, high: int = TOTAL_STEPS - 6) -> int:
-    # From step 4: checkpoints come every 2 steps and a kill can land just before the one of the step
-    # it saw logged, so at step 2 there may be no checkpoint yet (then the rerun rightly starts fresh).
-    return random.Random().randint(low, high)
+    """A step drawn from the module's seeded generator (TEST_SEED)."""
+    return KILL_POINTS.randint(low, high)
 
 
-def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(uninterrupted, tmp_path):
-    log_dir, step = tmp_path / "logs", random_step()
-    status, _ = interrupt_at(step, signal.SIGKILL, env_for(log_dir))
-    assert status == -signal.SIGKILL, f"kill at step {step}"
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    log_dir = tmp_path_factory.mktemp("uninterrupted") / "logs"
+    ok(litlab("litlab-train", *HOOKED, env=env_for(log_dir)))
+    last = storage_folder(log_dir) / "checkpoints" / "last.ckpt"
+    return Outcome(log_dir, final_state(local_last_checkpoint(log_dir)), curves(log_dir), last.read_bytes())
 
-    result = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
-    url, epoch, resumed_step = resumed_from(result.stdout)
-    assert Path(url).parent == storage_folder(log_dir) / "checkpoints"
-    # Checkpoints every 2 steps; the kill can land before the checkpoint of the step it saw logged.
-    assert resumed_step >= step - 2, f"killed at step {step}, resumed from {resumed_step}"
-    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)), f"step {step}")
 
-    first, second = run_dirs(log_dir)
-    outcome = summary(second)
+def random_stop_in_the_last_epoch() -> Stop:
+    """A SIGKILL at a phase and step of the last epoch, drawn with TEST_SEED. (Validation is left
+    out: see the xfail test below.)"""
+    points = [("train_batch_start", step) for step in range(BATCHES, TOTAL_STEPS)]  # before batch step+1
+    points += [("train_batch_end", step) for step in range(BATCHES + 1, TOTAL_STEPS + 1)]
+    points += [("checkpoint_write", step) for step in range(BATCHES + 2, TOTAL_STEPS + 1, CHECKPOINT_EVERY)]
+    phase, step = KILL_POINTS.choice(points)
+    return Stop("SIGKILL", phase, step)
+
+
+def test_a_run_stopped_at_every_edge_resumes_from_the_newest_valid_checkpoint_and_ends_bitwise_equal(
+    uninterrupted, tmp_path
+):
+    """One run identity, stopped six times at exact points, each start resuming the previous one;
+    the last start completes."""
+    log_dir = tmp_path / "logs"
+    checkpoints = lambda: storage_folder(log_dir) / "checkpoints"  # noqa: E731  (made by the first start)
+    drawn = random_stop_in_the_last_epoch()
+    where = f"random point {drawn} (TEST_SEED={TEST_SEED})"
+    print(where)
+
+    # 1. The first step, before any checkpoint: the next start begins from scratch.
+    stop_at(Stop("SIGKILL", "train_batch_end", 1), log_dir)
+    assert valid_checkpoints(checkpoints()) == {}
+    # 2. Half of last.ckpt written mid-epoch at step 4: the real name never holds the half file.
+    start = stop_at(Stop("SIGKILL", "checkpoint_write", 4), log_dir)
+    assert not RESUMING.search(start.stdout), start.stdout[-2000:]
+    (temporary,) = checkpoints().glob(".last.ckpt.*.tmp")
+    assert temporary.stat().st_size > 0
+    assert valid_checkpoints(checkpoints()) == {checkpoints() / "last.ckpt": 2}
+    # 3. Just after the checkpoint of step 6 (before step 7's batch).
+    valid = valid_checkpoints(checkpoints())
+    start = stop_at(Stop("SIGKILL", "train_batch_start", 6), log_dir)
+    assert_resumed_from_the_newest_valid(start.stdout, valid, 2, "after the half-written checkpoint")
+    assert f"resume: removed {temporary}, left by a write that was interrupted" in start.stdout
+    assert not temporary.exists()
+    # 4. SIGTERM mid-epoch, between two checkpoints: preempted.ckpt at that step, exit 143, interrupted.
+    valid = valid_checkpoints(checkpoints())
+    start = stop_at(Stop("SIGTERM", "train_batch_end", 7), log_dir)
+    assert_resumed_from_the_newest_valid(start.stdout, valid, 6, "just after a checkpoint")
+    preempted = checkpoints() / "preempted.ckpt"
+    assert valid_checkpoints(checkpoints())[preempted] == 7
+    assert json.loads((storage_folder(log_dir) / "summary.json").read_text())["status"] == "interrupted"
+    # 5. Just after the epoch-end checkpoints, before the second epoch's first batch; resumed from
+    # preempted.ckpt (the newest file), through the first epoch's validation.
+    valid = valid_checkpoints(checkpoints())
+    start = stop_at(Stop("SIGKILL", "train_batch_start", BATCHES), log_dir)
+    url = assert_resumed_from_the_newest_valid(start.stdout, valid, 7, "after SIGTERM")
+    assert url == preempted
+    epoch_end = checkpoints() / f"epoch_000-step_{BATCHES:06d}.ckpt"
+    assert valid_checkpoints(checkpoints())[epoch_end] == BATCHES
+    # 6. The drawn point of the last epoch.
+    valid = valid_checkpoints(checkpoints())
+    start = stop_at(drawn, log_dir)
+    assert_resumed_from_the_newest_valid(start.stdout, valid, BATCHES, "at the epoch boundary")
+    valid = valid_checkpoints(checkpoints())
+    assert max(valid.values()) == drawn.newest_checkpoint_step(), f"{where}: {valid}"
+    # Then the newest file is truncated (as a disk that lost its tail): the last start skips it.
+    newest = max(checkpoints().glob("*.ckpt"), key=os.path.getmtime)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    valid.pop(newest)
+
+    final = ok(litlab("litlab-train", *HOOKED, env=env_for(log_dir)))
+    skipped = [line for line in final.stdout.splitlines() if "WARNING" in line and "skipping" in line]
+    assert len(skipped) == 1 and str(newest) in skipped[0], final.stdout[-3000:]
+    assert_resumed_from_the_newest_valid(final.stdout, valid, max(valid.values()), f"truncated, {where}")
+
+    assert_ends_as_uninterrupted(uninterrupted, log_dir, where)
+    outcome = summary(run_dirs(log_dir)[-1])
     assert (outcome["status"], outcome["resumed_count"], outcome["global_step"]) == (
         "completed",
-        1,
+        5,
         TOTAL_STEPS,
     )
-    # The same TensorBoard run continues: the second run directory points at the first one's log.
-    assert (second / "tensorboard.dir").read_text().strip() == str(first / "tensorboard")
-    assert len(list((first / "tensorboard").glob("events.out.tfevents.*"))) >= 2  # one per process
-    assert curves(log_dir) == uninterrupted.curves, f"kill at step {step}"
     record = json.loads((storage_folder(log_dir) / "run.json").read_text())
-    assert [s["resumed_from"] for s in record["starts"]] == [None, url]
-
-
-def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_next_run_resumes_from_it(uninterrupted, tmp_path):
-    log_dir, step = tmp_path / "logs", random_step()
-    status, output = interrupt_at(step, signal.SIGTERM, env_for(log_dir))
-    assert status == 128 + signal.SIGTERM, f"SIGTERM at step {step}:\n{output[-2000:]}"
-    preempted = storage_folder(log_dir) / "checkpoints" / "preempted.ckpt"
-    assert preempted.is_file()
-    stored = json.loads((storage_folder(log_dir) / "summary.json").read_text())
-    assert stored["status"] == "interrupted"
-
-    result = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
-    url, _, resumed_step = resumed_from(result.stdout)
-    assert Path(url) == preempted and resumed_step >= step
-    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)), f"step {step}")
+    resumed_steps = [s["global_step"] for s in record["starts"]]
+    assert resumed_steps == [None, None, 2, 6, 7, BATCHES, max(valid.values())], resumed_steps
     assert not preempted.exists(), "a run that finished removes its stale preemption checkpoint"
+    # The same TensorBoard run continues across every start that resumed.
+    tensorboard = recorded_tensorboard_dir(log_dir)
+    assert tensorboard == run_dirs(log_dir)[1] / "tensorboard"  # the first start that saved a checkpoint
+    assert curves(log_dir, tensorboard) == uninterrupted.curves, where
 
 
-def test_sigterm_after_an_epochs_last_batch_resumes_at_the_next_epochs_first_batch(uninterrupted, tmp_path):
-    # Preempted at the epoch boundary (the epoch's last batch is done, its validation or checkpoint is
-    # not). With limit_train_batches the saved loader position (10 of 40 batches) is not at the
-    # loader's end, and once resumed into the next epoch it skipped that epoch's first 10 batches.
+@pytest.mark.xfail(
+    strict=True,
+    reason="Lightning resumes a checkpoint written after an epoch's last batch (every_n_train_steps, "
+    "or preempted.ckpt on SIGTERM there) into the next epoch: the interrupted epoch's validation "
+    "never runs (loops/training_epoch_loop.py, reset(): 'save happened on_train_batch_end and epoch "
+    "is at end'), so its val metrics and epoch-end checkpoint are missing",
+)
+def test_a_run_killed_during_validation_resumes_and_runs_that_validation(uninterrupted, tmp_path):
     log_dir = tmp_path / "logs"
-    status, _ = interrupt_at(BATCHES, signal.SIGTERM, env_for(log_dir))
-    assert status == 128 + signal.SIGTERM
-    result = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
-    resumed_from(result.stdout)
-    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)), "epoch boundary")
-
-
-def test_truncated_newest_checkpoint_is_skipped_for_the_previous_valid_one(uninterrupted, tmp_path):
-    # Killed in the last epoch, so older checkpoints (the best of an earlier epoch) exist too.
-    log_dir, step = tmp_path / "logs", random_step(low=BATCHES + 1)
-    status, _ = interrupt_at(step, signal.SIGKILL, env_for(log_dir))
-    assert status == -signal.SIGKILL
-    checkpoints = sorted((storage_folder(log_dir) / "checkpoints").glob("*.ckpt"), key=os.path.getmtime)
-    assert len(checkpoints) >= 2, checkpoints
-    newest = checkpoints[-1]
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # killed mid-write
-
-    result = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
-    warnings = [line for line in result.stdout.splitlines() if "WARNING" in line and "skipping" in line]
-    assert len(warnings) == 1 and str(newest) in warnings[0], result.stdout[-3000:]
-    url, _, _ = resumed_from(result.stdout)
-    assert Path(url) != newest and Path(url) in checkpoints
-    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)), f"step {step}")
+    stop = Stop("SIGKILL", "validation", BATCHES)
+    stop_at(stop, log_dir)
+    valid = valid_checkpoints(storage_folder(log_dir) / "checkpoints")
+    final = ok(litlab("litlab-train", *HOOKED, env=env_for(log_dir)))
+    assert_resumed_from_the_newest_valid(final.stdout, valid, stop.newest_checkpoint_step(), str(stop))
+    assert_ends_as_uninterrupted(uninterrupted, log_dir, str(stop))
+    assert curves(log_dir, recorded_tensorboard_dir(log_dir)) == uninterrupted.curves, str(stop)
 
 
 def test_completed_run_is_not_trained_again_and_resume_never_starts_fresh(uninterrupted):
@@ -229,20 +366,22 @@ def test_completed_run_is_not_trained_again_and_resume_never_starts_fresh(uninte
     last = folder / "checkpoints" / "last.ckpt"
     written = last.stat().st_mtime_ns
 
-    again = ok(litlab("litlab-train", *ARGS, env=env_for(log_dir)))
+    again = ok(litlab("litlab-train", *HOOKED, env=env_for(log_dir)))
     message = [line for line in again.stdout.splitlines() if "already completed" in line]
     assert len(message) == 1 and "resume=never" in message[0] and "run_name" in message[0]
     assert last.stat().st_mtime_ns == written
     # The new run directory shows the finished run's outcome (a rerun sweep's report reads it).
     assert summary(run_dirs(log_dir)[-1]) == json.loads((folder / "summary.json").read_text())
 
-    fresh = ok(litlab("litlab-train", *ARGS, "resume=never", env=env_for(log_dir)))
+    fresh = ok(litlab("litlab-train", *HOOKED, "resume=never", env=env_for(log_dir)))
     assert "resuming from" not in fresh.stdout
     (moved_aside,) = list((log_dir / "storage").glob(f"{folder.name}.replaced-*"))
-    assert (moved_aside / "checkpoints" / "last.ckpt").is_file()
+    assert (moved_aside / "checkpoints" / "last.ckpt").read_bytes() == uninterrupted.last_bytes
     assert summary(run_dirs(log_dir)[-1])["resumed_count"] == 0
+    record = json.loads((storage_folder(log_dir) / "run.json").read_text())
+    assert [s["resumed_from"] for s in record["starts"]] == [None]  # a new record: one fresh start
     # Deterministic training: the fresh run ends where the first one did.
-    assert_same_tensors(uninterrupted.state, final_state(local_last_checkpoint(log_dir)))
+    assert_ends_as_uninterrupted(uninterrupted, log_dir, "resume=never")
 
 
 def test_s3_run_killed_on_one_machine_resumes_on_another_and_leaks_no_credentials(
@@ -253,19 +392,27 @@ def test_s3_run_killed_on_one_machine_resumes_on_another_and_leaks_no_credential
     secrets = [s3_server.access_key, s3_server.secret_key]
     first_machine, second_machine = tmp_path / "machine-1" / "logs", tmp_path / "machine-2" / "logs"
 
-    step = random_step()
-    status, _ = interrupt_at(step, signal.SIGKILL, env_for(first_machine, s3_server.env()), *storage)
-    assert status == -signal.SIGKILL
+    stop = Stop("SIGKILL", "train_batch_end", 13)  # mid-epoch, its step 12 checkpoint uploaded
+    litlab_env = env_for(first_machine, {**s3_server.env(), **stop.env()})
+    killed = litlab("litlab-train", *HOOKED, *storage, env=litlab_env)
+    assert killed.returncode == stop.exit_status, killed.stdout[-3000:]
     assert_no_secrets(first_machine, s3_server.objects(bucket), secrets)
     shutil.rmtree(first_machine)  # the machine and its disk are gone
 
-    result = ok(litlab("litlab-train", *ARGS, *storage, env=env_for(second_machine, s3_server.env())))
-    url, _, resumed_step = resumed_from(result.stdout)
     identity = storage_folder(uninterrupted.log_dir).name  # storage settings are not part of the identity
-    assert url.startswith(f"s3://{bucket}/runs/{identity}/checkpoints/")
+    prefix = f"runs/{identity}/checkpoints/"
+    uploaded = {
+        f"s3://{bucket}/{key}": int(torch.load(_bytes_io(data), weights_only=True)["global_step"])
+        for key, data in s3_server.objects(bucket).items()
+        if key.startswith(prefix) and key.endswith(".ckpt")
+    }
+    result = ok(litlab("litlab-train", *HOOKED, *storage, env=env_for(second_machine, s3_server.env())))
+    url, _, resumed_step = resumed_from(result.stdout)
+    assert resumed_step == stop.newest_checkpoint_step() == max(uploaded.values()), (url, uploaded)
+    assert uploaded[url] == resumed_step
     objects = s3_server.objects(bucket)
-    last = torch.load(_bytes_io(objects[f"runs/{identity}/checkpoints/last.ckpt"]), weights_only=True)
-    assert_same_tensors(uninterrupted.state, final_state(last), f"step {step}")
+    last = torch.load(_bytes_io(objects[f"{prefix}last.ckpt"]), weights_only=True)
+    assert_same_tensors(uninterrupted.state, final_state(last), str(stop))
     (run,) = run_dirs(second_machine)
     assert (run / "checkpoints.url").read_text().strip() == f"s3://{bucket}/runs/{identity}/checkpoints"
     assert summary(run)["resumed_count"] == 1
@@ -274,7 +421,7 @@ def test_s3_run_killed_on_one_machine_resumes_on_another_and_leaks_no_credential
     restored, expected = curves(second_machine), uninterrupted.curves
     for tag, points in expected.items():
         missing = points.keys() - restored[tag].keys()
-        assert missing <= {resumed_step - 1}, f"{tag}: steps {sorted(missing)} lost (kill at step {step})"
+        assert missing <= {resumed_step - 1}, f"{tag}: steps {sorted(missing)} lost ({stop})"
         assert restored[tag] == {k: v for k, v in points.items() if k not in missing}, tag
     assert_no_secrets(second_machine, objects, secrets)
 
@@ -306,17 +453,16 @@ def test_a_run_reading_image_files_with_workers_and_random_augmentation_resumes_
         "data.num_workers=2",
         "data.augment=[{_target_: torchvision.transforms.v2.RandomHorizontalFlip}]",
         "model=mlp",
-    ]
-    args = [*ARGS, *files]  # 8 batches of 32 an epoch (limit_train_batches is 10)
+    ]  # 8 batches of 32 an epoch (limit_train_batches is 10)
     alone = tmp_path / "alone"
-    ok(litlab("litlab-train", *args, env=env_for(alone)))
-    log_dir, step = tmp_path / "logs", 12  # the middle of the second epoch
-    status, _ = interrupt_at(step, signal.SIGKILL, env_for(log_dir), *files)  # ARGS come first there
-    assert status == -signal.SIGKILL
-    result = ok(litlab("litlab-train", *args, env=env_for(log_dir)))
+    ok(litlab("litlab-train", *HOOKED, *files, env=env_for(alone)))
+    log_dir = tmp_path / "logs"
+    stop = Stop("SIGKILL", "train_batch_start", 12)  # the middle of the second epoch, after step 12's save
+    stop_at(stop, log_dir, *files)
+    result = ok(litlab("litlab-train", *HOOKED, *files, env=env_for(log_dir)))
     _, epoch, resumed_step = resumed_from(result.stdout)
-    assert epoch == 1 and 8 < resumed_step <= step, (epoch, resumed_step)  # resumed mid-epoch
+    assert (epoch, resumed_step) == (1, stop.newest_checkpoint_step()), (epoch, resumed_step)
     assert summary(run_dirs(log_dir)[-1])["resume_exact"] is True
-    assert_same_tensors(
-        final_state(local_last_checkpoint(alone)), final_state(local_last_checkpoint(log_dir))
-    )
+    expected = final_state(local_last_checkpoint(alone))
+    assert "rng" in expected
+    assert_same_tensors(expected, final_state(local_last_checkpoint(log_dir)), "image files")

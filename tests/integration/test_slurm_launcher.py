@@ -4,6 +4,7 @@ on this machine. In all of them the launcher creates the ranks and Lightning lau
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -16,7 +17,17 @@ from omegaconf import OmegaConf
 
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
-from tests.conftest import BIN, REPO, TINY, litlab, ok, ranks_that_joined, run_dirs, summary
+from tests.conftest import (
+    BIN,
+    FAULTS_IMPORTABLE,
+    REPO,
+    TINY,
+    litlab,
+    ok,
+    ranks_that_joined,
+    run_dirs,
+    summary,
+)
 from tests.slurm_cluster import SlurmCluster
 
 schema.register()
@@ -172,6 +183,7 @@ def test_slurm_launcher_multirun_submits_one_job_per_point_each_with_two_ranks(
 
 @pytest.mark.slow
 def test_submitit_local_job_tasks_become_the_ranks_of_one_run(log_dir: Path, tmp_path: Path):
+    report = tmp_path / "process"
     result = litlab(
         "litlab-train",
         "-m",
@@ -179,8 +191,11 @@ def test_submitit_local_job_tasks_become_the_ranks_of_one_run(log_dir: Path, tmp
         "trainer.devices=2",
         *CPU_DDP,
         *TINY,
+        "model=mlp",
+        "model.net._target_=tests.faults.MLPReportingItsRank",
         cwd=tmp_path,
         timeout=JOB_TIMEOUT_S,
+        env={**FAULTS_IMPORTABLE, "LITLAB_TEST_REPORT": str(report)},
     )
     ok(result)
     assert "validated against ConfigStore schema" not in result.stdout + result.stderr
@@ -191,3 +206,8 @@ def test_submitit_local_job_tasks_become_the_ranks_of_one_run(log_dir: Path, tmp
     # submitit started both ranks; Lightning adopted them (LOCAL_RANK set) and launched none.
     assert (job_summary["world_size"], job_summary["cluster_environment"]) == (2, "LightningEnvironment")
     assert ranks_that_joined(job) == ["0 1/2", "1 2/2"]
+    # Each rank is submitit's task of that rank, and a sibling of the other, not its child (a rank
+    # Lightning launched would be rank 0's child, with rank 0's submitit id).
+    ranks = [json.loads(Path(f"{report}.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["submitit"] for r in ranks] == ["0", "1"], ranks
+    assert ranks[1]["ppid"] == ranks[0]["ppid"] != ranks[0]["pid"], ranks

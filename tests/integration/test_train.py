@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
-import ctypes
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,33 +124,11 @@ def test_eval_reports_the_test_metric_training_reported(log_dir):
     assert abs(metrics["test/loss"] - trained["metrics"]["test/loss"]) <= 1e-6
 
 
-def test_runs_started_in_the_same_second_get_different_directories(log_dir):
-    import subprocess
-    import sys
-
-    # Two processes resolve the run-dir pattern at the same moment, as two launches would.
-    code = (
-        "from hydra import compose, initialize_config_dir; from omegaconf import OmegaConf;"
-        "from litlab.config import schema; from litlab.config.preflight import CONFIG_DIR; schema.register();"
-        "initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3');"
-        "cfg = compose('train', return_hydra_config=True, overrides=['hydra.runtime.cwd=/']);"
-        "from hydra.core.hydra_config import HydraConfig; HydraConfig.instance().set_config(cfg);"
-        "print(cfg.hydra.run.dir)"
-    )
-    processes = [
-        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)
-    ]
-    dirs = [p.communicate(timeout=60)[0].strip() for p in processes]
-    assert all(d.startswith(str(log_dir / "train" / "runs")) for d in dirs), dirs
-    assert dirs[0] != dirs[1]
-
-
-def nvml_loads() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
+def nvml_installed() -> bool:
+    """Whether the dynamic linker's cache lists NVIDIA's NVML library (asked of ldconfig, not in the
+    way the engine probes it)."""
+    listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
+    return "libnvidia-ml.so.1 " in listed
 
 
 def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_probe(log_dir, tmp_path):
@@ -170,4 +148,4 @@ def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_prob
     )
     state = json.loads(report.read_text())
     assert state["frozen_objects"] > 100_000
-    assert state["nvml_based_cuda_check"] == ("1" if nvml_loads() else None)
+    assert state["nvml_based_cuda_check"] == ("1" if nvml_installed() else None)

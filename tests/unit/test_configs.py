@@ -1,58 +1,68 @@
 """Every option of every config group composes, passes the checks, and builds what it names.
 
 In-process: options of your groups (model, data, optimizer, scheduler) and experiments train one
-batch of fit, validation and test with a real Trainer (``fast_dev_run``); the engine's groups build
-their Lightning objects.
+batch of fit, validation and test with a real Trainer (``fast_dev_run``); each option of the
+engine's groups builds the run's Trainer (``litlab.run.build.build_trainer``), whose strategy,
+precision, callbacks and loggers must be the ones the option names. The options themselves must be
+the ones docs/configs.md lists.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from omegaconf import OmegaConf
 
 from litlab.config import preflight
-from litlab.config.rules import PRECISION_VALUES
-from litlab.run.build import build_callbacks, build_datamodule, build_loggers, build_module, build_strategy
+from litlab.config.preflight import CONFIG_DIR
+from litlab.errors import LitlabError
+from litlab.run.build import build_datamodule, build_module, build_trainer
 from litlab.run.lifecycle import Run
+from litlab.storage.checkpoints import AtomicCheckpointIO
 from litlab.storage.roots import RunStorage
 from tests.cifar_files import write_cifar10
-from tests.conftest import compose_train, option_names
+from tests.conftest import REPO, compose_train, option_names
 from tests.image_files import write_image_folder
 
 ENGINE_GROUPS = ["trainer", "strategy", "precision", "callbacks", "storage", "logger", "oom", "debug"]
 USER_GROUPS = ["data", "model", "optimizer", "scheduler", "experiment"]
 
 
-def test_every_group_has_the_documented_options():
-    expected = {
-        "trainer": {"default", "gpu"},
-        "strategy": {"auto", "ddp", "ddp_spawn", "fsdp"},
-        "precision": {"fp32", "fp16", "bf16", "fp16_true", "bf16_true"},
-        "callbacks": {
-            "default",
-            "none",
-            "early_stopping",
-            "checkpoint",
-            "throughput",
-            "lr_monitor",
-            "progress",
-        },
-        "data": {"digits", "synthetic", "image_folder", "cifar10", "pydoc_topics"},
-        "model": {"mlp", "cnn", "resnet", "char_transformer"},
-        "optimizer": {"adamw", "sgd"},
-        "scheduler": {"none", "cosine", "exponential", "onecycle"},
-        "logger": {"tensorboard", "csv", "none", "mlflow", "wandb", "many"},
-        "debug": {"fast", "overfit", "profile", "anomaly"},
-        "storage": {"local", "mounted", "s3", "gcs"},
-        "oom": {"fail", "auto_shrink"},
-    }
-    for group, names in expected.items():
-        assert names <= set(option_names(group)), group
+def documented_options() -> dict[str, list[str]]:
+    """The options docs/configs.md lists for each group (its table), in the order listed."""
+    text = (REPO / "docs" / "configs.md").read_text()
+    options = {}
+    for line in text.split("| --- | --- | --- |", 1)[1].split("\n\n", 1)[0].strip().splitlines():
+        groups, listed, _ = (cell.strip() for cell in line.strip("|").split("|", 2))
+        for group in re.findall(r"`([\w/]+)`", groups):
+            options[group] = re.findall(r"`(\w+)`", listed)
+    return options
+
+
+def test_every_group_has_exactly_the_options_docs_configs_md_lists():
+    documented = documented_options()
+    folders = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "local"}  # local: gitignored
+    assert folders <= documented.keys(), (
+        f"groups without a row in docs/configs.md: {folders - documented.keys()}"
+    )
+    for group in sorted(folders):
+        assert sorted(documented[group]) == option_names(group), group
+
+
+def test_each_precision_option_sets_the_lightning_value_docs_configs_md_lists():
+    table = (REPO / "docs" / "configs.md").read_text()
+    (row,) = [line for line in table.splitlines() if line.startswith("| `precision` |")]
+    _, options, values = (cell.strip() for cell in row.strip("|").split("|"))
+    documented = dict(zip(re.findall(r"`(\w+)`", options), re.findall(r"`([\w-]+)`", values), strict=True))
+    assert sorted(documented) == option_names("precision")
+    for option, value in documented.items():
+        assert OmegaConf.load(CONFIG_DIR / "precision" / f"{option}.yaml").value == value, option
 
 
 # Options of the char_lm example that need each other (its model reads text, not images).
@@ -84,22 +94,92 @@ def overrides_for(group: str, option: str, tmp_path: Path) -> list[str]:
     return overrides
 
 
+# What Lightning runs on this CPU for each precision value (fp16 AMP is not supported there).
+CPU_PRECISION = {
+    "32-true": "32-true",
+    "16-mixed": "bf16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "16-true": "16-true",
+    "bf16-true": "bf16-true",
+}
+STRATEGY = {
+    "auto": (SingleDeviceStrategy, None),
+    "ddp": (DDPStrategy, "popen"),
+    "ddp_spawn": (DDPStrategy, "spawn"),
+}
+# The loggers each option builds (docs/loggers.md).
+LOGGERS = {
+    "tensorboard": ["TensorBoardLogger"],
+    "csv": ["CSVLogger"],
+    "mlflow": ["MLFlowLogger"],
+    "wandb": ["WandbLogger"],
+    "many": ["TensorBoardLogger", "CSVLogger", "MLFlowLogger"],
+    "none": [],
+}
+# What each callbacks target builds.
+CALLBACKS = {
+    "litlab.storage.checkpoints.run_checkpoints": {
+        "ModelCheckpoint", "LastCheckpoint", "PreemptionCheckpoint", "TensorBoardSync"
+    },
+    "litlab.callbacks.progress.progress_bar": {"PlainProgress"},  # RichProgressBar on a terminal
+    "litlab.callbacks.run_stats.throughput_monitor": {"ThroughputMonitor"},
+    "lightning.pytorch.callbacks.LearningRateMonitor": {"LearningRateMonitor"},
+    "lightning.pytorch.callbacks.EarlyStopping": {"EarlyStopping"},
+}  # fmt: skip
+# Every run has these, whatever its callbacks group: they make the engine's guarantees hold.
+ENGINE_CALLBACKS = {
+    "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "ResumableLoaderCheck",
+    "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns", "WatchTheRanks",
+    "StopTogetherOnSigterm",
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "group,option", [(g, o) for g in ENGINE_GROUPS for o in option_names(g)], ids=lambda v: str(v)
 )
-def test_engine_option_composes_and_builds_its_lightning_objects(group, option, tmp_path, monkeypatch):
+def test_engine_option_composes_and_builds_the_trainer_it_names(group, option, tmp_path, monkeypatch):
     monkeypatch.setenv("LITLAB_LOG_DIR", str(tmp_path))
     cfg = compose_train(overrides_for(group, option, tmp_path), tmp_path)
     preflight.check_train_config(cfg, [])
     run = Run(dir=tmp_path, identity="walk", storage=RunStorage(str(tmp_path / "storage"), "walk"))
-    strategy = build_strategy(cfg.strategy)
-    assert strategy == "auto" or type(strategy).__name__.lower().startswith(cfg.strategy.name.split("_")[0])
-    callbacks = build_callbacks(cfg, run)
-    assert callbacks and all(isinstance(c, Callback) for c in callbacks)
-    loggers = build_loggers(cfg)
-    assert loggers is False or all(isinstance(logger, Logger) for logger in loggers)
-    assert len(loggers or []) == len([c for c in cfg.logger.values() if c is not None])
-    assert cfg.precision.value in PRECISION_VALUES
+    if cfg.trainer.accelerator == "gpu" and torch.cuda.device_count() == 0:
+        with pytest.raises(LitlabError, match=r"trainer.accelerator=gpu .* this machine has 0"):
+            build_trainer(cfg, run)
+        return
+    if cfg.strategy.name == "fsdp":  # FSDP needs a GPU: refused in one line on a CPU
+        with pytest.raises(LitlabError, match=r"strategy=fsdp needs GPUs .* trainer.accelerator=cpu"):
+            build_trainer(cfg, run)
+        return
+    trainer = build_trainer(cfg, run)
+
+    strategy, start_method = STRATEGY[cfg.strategy.name]
+    assert type(trainer.strategy) is strategy
+    assert getattr(trainer.strategy, "_start_method", None) == start_method
+    assert trainer.precision == CPU_PRECISION[cfg.precision.value]
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    built = [type(c).__name__ for c in trainer.callbacks]
+    assert set(built) >= ENGINE_CALLBACKS, built
+    expected = set().union(*(CALLBACKS[c._target_] for c in cfg.callbacks.values() if c is not None))
+    if not trainer.loggers:  # a learning-rate monitor logs to a logger: left out without one
+        expected.discard("LearningRateMonitor")
+    assert set(built) - ENGINE_CALLBACKS - {"ModelSummaryWithMeasuredFlops"} == expected, built
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            assert callback.dirpath == run.checkpoint_dir  # every checkpoint goes to the run's storage
+            if callback.monitor is not None:
+                assert (callback.monitor, callback.mode) == (cfg.optimized_metric, cfg.optimized_metric_mode)
+        if isinstance(callback, EarlyStopping):
+            assert callback.monitor == cfg.optimized_metric and callback.mode == cfg.optimized_metric_mode
+    logger_option = option if group == "logger" else "tensorboard"
+    # fast_dev_run logs nothing: Lightning puts its DummyLogger in the configured loggers' place.
+    loggers = ["DummyLogger"] if cfg.trainer.fast_dev_run else LOGGERS[logger_option]
+    assert [type(logger).__name__ for logger in trainer.loggers] == loggers
+    # The debug group's switches reach the Trainer.
+    switches = (trainer.fast_dev_run, trainer.overfit_batches, trainer._detect_anomaly)
+    assert switches == (cfg.trainer.fast_dev_run, cfg.trainer.overfit_batches, cfg.trainer.detect_anomaly)
+    assert type(trainer.profiler).__name__ == (
+        "SimpleProfiler" if cfg.trainer.profiler else "PassThroughProfiler"
+    )
 
 
 @pytest.mark.parametrize(

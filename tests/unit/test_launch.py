@@ -99,3 +99,21 @@ def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeyp
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert launch.PROCESS_START_ENV is not os.environ
     assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank
+
+
+def test_runs_started_in_the_same_second_get_different_directories(tmp_path, monkeypatch):
+    # The clock of Hydra's ${now:} resolver stopped at one instant: two launches in the same second.
+    from datetime import datetime
+
+    import hydra.core.utils
+
+    class StoppedClock(datetime):
+        @classmethod
+        def now(cls, tz=None) -> datetime:
+            return datetime(2026, 12, 2, 1, 2, 3)
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", StoppedClock)
+    dirs = [compose_train([f"paths.log_dir={tmp_path}"], tmp_path).hydra.run.dir for _ in range(2)]
+    prefix = f"{tmp_path}/train/runs/2026-12-02_01-02-03_"
+    assert all(d.startswith(prefix) for d in dirs), dirs
+    assert dirs[0] != dirs[1]

@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from litlab.errors import LitlabError
 
@@ -84,7 +84,7 @@ class NonFiniteLossGuard(Callback):
                 )
             return
         self.report["failed_at_step"] = step
-        checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", "") or None
+        checkpoint = _newest_checkpoint(trainer)
         kept = (
             f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was written yet"
         )
@@ -130,3 +130,16 @@ def _cures(trainer: L.Trainer) -> str:
             f"or fp16 (mixed); or {cures}"
         )
     return cures
+
+
+def _newest_checkpoint(trainer: L.Trainer) -> str | None:
+    """The file of the newest state saved so far. Only a checkpoint callback without a monitor keeps
+    its newest file (as ``best_model_path``; ``last_model_path`` with ``save_last``); of those, the one
+    that saved last. ``trainer.checkpoint_callback`` alone is the first callback, often a monitoring one."""
+    saved = [
+        (callback._last_global_step_saved, callback.last_model_path or callback.best_model_path)
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is None
+    ]
+    written = [(step, path) for step, path in saved if path]
+    return max(written)[1] if written else None

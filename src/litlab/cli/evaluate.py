@@ -8,7 +8,11 @@ the test twin of the run's ``optimized_metric``.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -26,7 +30,6 @@ def evaluate(cfg: DictConfig) -> float | None:
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     import json
     import logging
-    from pathlib import Path
 
     import lightning as L
     from hydra.core.hydra_config import HydraConfig
@@ -41,14 +44,15 @@ def evaluate(cfg: DictConfig) -> float | None:
     log = logging.getLogger("litlab")
     route_lightning_logs_to_root()
     quiet.drop_known_noise()
-    with one_line_errors():  # not a checkpoint, another model's, no such GPU: one line, no traceback
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # Not a checkpoint, another model's, no such GPU: one line, no traceback, no run directory left.
+    with _no_run_dir_after_bad_input(run_dir), one_line_errors():
         checkpoint = read_run_checkpoint(cfg.ckpt_path)
         stored = checkpoint[RUN_CONFIG_KEY]
         train_cfg = OmegaConf.create(stored["config"])
         data = build_datamodule(train_cfg, train_cfg.data.batch_size)
         module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
         check_gpus_available(cfg, prefix="")
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
             devices=cfg.devices,
@@ -77,6 +81,21 @@ def evaluate(cfg: DictConfig) -> float | None:
     values = ", ".join(f"{name} = {metrics[name]:.4g}" for name in shown) or "no test metrics logged"
     log.info("%s; eval: %s", values, run_dir / "eval.json")
     return metrics.get(tested)
+
+
+@contextlib.contextmanager
+def _no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
+    """Removes the run directory Hydra made (and its parents, where that leaves them empty) when the
+    block exits for bad input (status 2): bad input leaves nothing behind, as in preflight."""
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code == 2:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # eval/runs/, then eval/, if that left them empty
+                run_dir.parent.rmdir()
+                run_dir.parent.parent.rmdir()
+        raise
 
 
 def _first_line(error: BaseException) -> str:

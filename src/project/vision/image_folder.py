@@ -142,11 +142,15 @@ class ImageFolderDataModule(L.LightningDataModule):
             **self._loader_options(),
         )
 
+    # A private generator: starting the workers draws their seed from it, not from the global RNG (a
+    # resumed run starts them at another point than an uninterrupted one, and would end in another state).
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["val"], batch_size=self.batch_size, **self._loader_options())
+        options = {**self._loader_options(), "generator": torch.Generator()}
+        return DataLoader(self.splits["val"], batch_size=self.batch_size, **options)
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["test"], batch_size=self.batch_size, **self._loader_options())
+        options = {**self._loader_options(), "generator": torch.Generator()}
+        return DataLoader(self.splits["test"], batch_size=self.batch_size, **options)
 
 
 def _has_splits(root: Path) -> bool:

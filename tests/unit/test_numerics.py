@@ -1,0 +1,92 @@
+"""A non-finite loss stops the run (or is skipped), and gradient clipping tames what would explode.
+
+In-process runs (``tests.conftest.train_in_process``, as ``litlab-train`` runs them). All use the
+same absurd learning rate: plain SGD at 1e9 turns the loss to inf/nan within a few steps.
+Checkpoints are written after every optimizer step, so "the last good checkpoint" is the one just
+before the bad step; its weights must equal those of the same run stopped there on purpose
+(``trainer.max_steps``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from litlab.errors import LitlabError
+from tests.conftest import TINY, train_in_process
+
+EXPLODING = [
+    *[t for t in TINY if not t.startswith(("trainer.max_epochs", "trainer.limit_train_batches"))],
+    "trainer.max_epochs=3",
+    "trainer.limit_train_batches=3",
+    "optimizer=sgd",
+    "optimizer.lr=1e9",
+    "optimizer.weight_decay=0",
+    # A checkpoint after every optimizer step (no metric to wait for).
+    "callbacks.checkpoint.monitor=null",
+    "callbacks.checkpoint.every_n_epochs=null",
+    "callbacks.checkpoint.every_n_train_steps=1",
+    "test_after_fit=false",
+]
+
+
+def load(path: str) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def all_finite(checkpoint: dict) -> bool:
+    tensors = [t for t in checkpoint["state_dict"].values() if t.is_floating_point()]
+    return bool(tensors) and all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # In-process the one-line error is raised, not printed (litlab-train prints it and exits 1).
+    with pytest.raises(LitlabError) as stopped:
+        train_in_process(tmp_path, *EXPLODING)
+
+    assert stopped.value.exit_code == 1
+    last_line = str(stopped.value)
+    found = re.match(
+        r"litlab: error: at global step (\d+) \(.*?\) the (loss|gradient norm) is (nan|inf)", last_line
+    )
+    assert found and "on_nonfinite=skip" in last_line, last_line
+    step = int(found.group(1))
+    assert step >= 1  # the first batch's loss is finite: the explosion needs an update or two
+    outcome = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert outcome["status"] == "failed" and f"global step {step}" in outcome["error"]
+    assert outcome["nonfinite"]["failed_at_step"] == step == outcome["global_step"]
+    # The bad step never reached the weights, and nothing was saved after it: the last checkpoint
+    # holds exactly what the same run has after `step` good steps.
+    last = load(outcome["checkpoints"]["last"])
+    assert last["global_step"] == step and all_finite(last)
+    assert f"the last checkpoint, {outcome['checkpoints']['last']}, is kept" in last_line
+    good = train_in_process(tmp_path, *EXPLODING, f"trainer.max_steps={step}", name="stopped before")
+    assert good["status"] == "completed" and good["global_step"] == step
+    expected = load(good["checkpoints"]["last"])["state_dict"]
+    assert expected.keys() == last["state_dict"].keys()
+    assert all(torch.equal(expected[k], last["state_dict"][k]) for k in expected)
+
+
+def test_on_nonfinite_skip_drops_those_steps_and_counts_them(tmp_path, caplog):
+    outcome = train_in_process(tmp_path, *EXPLODING, "on_nonfinite=skip")
+    assert outcome["status"] == "completed"
+    report = outcome["nonfinite"]
+    assert report["action"] == "skip" and report["skipped_steps"] >= 1
+    assert len(report["skipped_at_steps"]) == report["skipped_steps"]
+    assert outcome["global_step"] == 3 * 3  # skipped steps still count as steps
+    assert all_finite(load(outcome["checkpoints"]["last"]))  # no skipped step touched the weights
+    skips = [r.getMessage() for r in caplog.records if "optimizer step skipped" in r.getMessage()]
+    assert [int(re.search(r"global step (\d+)", s).group(1)) for s in skips] == report["skipped_at_steps"]
+
+
+def test_gradient_clipping_keeps_the_exploding_run_finite(tmp_path):
+    # Clipping the gradient norm to 1e-9 bounds each SGD update at 1e9 x 1e-9 = 1.
+    clipped = ["trainer.gradient_clip_val=1e-9", "trainer.gradient_clip_algorithm=norm"]
+    outcome = train_in_process(tmp_path, *EXPLODING, *clipped)
+    assert outcome["status"] == "completed" and outcome["nonfinite"]["skipped_steps"] == 0
+    assert outcome["global_step"] == 9
+    assert outcome["metrics"]["val/loss"] < 10  # finite and sane, where unclipped it is nan
+    assert outcome["metrics"]["val/acc"] > 0.2  # and it learned (chance is 0.1)
