@@ -12,7 +12,7 @@ WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 ))
 PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast bench lint format clean rename tensorboard
+.PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,25 @@ test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
 	$(PYTEST) tests/unit $(ARGS)
+
+coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; over an hour on 2 cores)
+	rm -f .coverage .coverage.*
+	$(PYTHON) -m coverage run -m pytest $(ARGS); status=$$?; \
+	$(PYTHON) -m coverage combine --quiet && $(PYTHON) -m coverage report && $(PYTHON) -m coverage html --quiet \
+	&& $(PYTHON) -m coverage json --quiet --include='src/litlab/*' -o htmlcov/engine.json \
+	&& $(PYTHON) -c 'import json; t = json.load(open("htmlcov/engine.json"))["totals"]; \
+	print("engine (src/litlab): %.1f%% of lines, %.1f%% of branches" \
+	% (100 * t["covered_lines"] / t["num_statements"], 100 * t["covered_branches"] / t["num_branches"]))'; \
+	exit $$status
+
+mutation: $(SETUP) ## Mutation-test the engine's pure modules with mutmut (mutants/; about an hour on 2 cores)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(or $(JOBS),2)
+	$(VENV)/bin/mutmut export-cicd-stats
+	@$(PYTHON) -c 'import json, sys; s = json.load(open("mutants/mutmut-cicd-stats.json")); \
+	n = s["total"] - s["skipped"]; k = s["killed"] + s["timeout"]; \
+	print("mutation score: %.1f%% (%d of %d mutants killed, %d survived, %d reached by no test)" \
+	% (100 * k / n, k, n, s["survived"], s["no_tests"])); sys.exit(k < 0.8 * n)'
 
 tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams with final metrics (PORT=6006)
 	$(VENV)/bin/tensorboard --logdir $(LOGS) --port $(PORT)

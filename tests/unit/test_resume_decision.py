@@ -1,0 +1,306 @@
+"""The resume decision (``litlab.storage.resume``) on a local storage root with real checkpoint files:
+which checkpoint a start continues from, when it starts fresh, and what it hands the other ranks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from litlab.storage import resume
+from litlab.storage.resume import Decision, InvalidCheckpoint, ResumePoint
+from litlab.storage.roots import RunStorage
+
+
+@pytest.fixture
+def storage(tmp_path) -> RunStorage:
+    storage = RunStorage(str(tmp_path / "root"), "default-0123456789")
+    storage.prepare()
+    return storage
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_decision(monkeypatch):
+    """Each test is a fresh start: no decision left in the environment by an earlier rank 0."""
+    monkeypatch.delenv(resume.DECISION_ENV, raising=False)
+
+
+def save_checkpoint(storage: RunStorage, name: str, step: int, epoch: int = 0, age_s: float = 0) -> str:
+    """A Lightning-shaped checkpoint (the keys resume checks), modified ``age_s`` seconds ago."""
+    path = Path(storage.path) / "checkpoints" / name
+    torch.save({"state_dict": {"w": torch.ones(2)}, "loops": {}, "global_step": step, "epoch": epoch}, path)
+    mtime = 1_700_000_000 - age_s
+    os.utime(path, (mtime, mtime))
+    return str(path)
+
+
+def test_a_fresh_run_has_nothing_to_resume(storage):
+    decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision == Decision()
+
+
+def test_the_newest_valid_checkpoint_is_resumed_and_broken_newer_ones_are_skipped(storage, caplog):
+    save_checkpoint(storage, "epoch=0-step=4.ckpt", step=4, age_s=30)
+    middle = save_checkpoint(storage, "epoch=1-step=8.ckpt", step=8, epoch=1, age_s=20)
+    broken = Path(storage.path) / "checkpoints" / "last.ckpt"
+    broken.write_bytes(b"PK\x03\x04 truncated")
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision.point == ResumePoint(url=middle, epoch=1, global_step=8)
+    assert decision.resumed_count == 1
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"resume: skipping {broken}, it cannot be loaded (RuntimeError: ")
+    # The line the resume tests read from a run's output to learn where it resumed.
+    assert (
+        caplog.records[-1].getMessage()
+        == f"resuming from {middle} (epoch 1, step 8); resumed 0 time(s) before"
+    )
+
+
+def test_a_dict_without_lightning_keys_is_not_a_checkpoint(storage):
+    path = Path(storage.path) / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": {}}, path)
+    with pytest.raises(InvalidCheckpoint, match="not a Lightning training checkpoint"):
+        resume.load_point(str(path))
+
+
+def test_a_checkpoint_without_an_epoch_resumes_at_epoch_zero(storage):
+    path = Path(storage.path) / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": {}, "loops": {}, "global_step": 3}, path)
+    assert resume.load_point(str(path)) == ResumePoint(url=str(path), epoch=0, global_step=3)
+
+
+def test_a_preemption_checkpoint_wins_a_tie_with_last(storage):
+    save_checkpoint(storage, "last.ckpt", step=6)
+    preempted = save_checkpoint(storage, "preempted.ckpt", step=7)
+    assert resume.decide("auto", storage, is_global_zero=True).point.url == preempted
+
+
+def test_when_no_checkpoint_loads_the_run_starts_fresh_and_the_files_are_moved_aside(storage, caplog):
+    (Path(storage.path) / "checkpoints" / "last.ckpt").write_bytes(b"not a zip")
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision == Decision()
+    assert not Path(storage.path).exists()
+    (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
+    assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"not a zip"
+    assert "starting fresh" in caplog.text
+
+
+def test_a_rank_that_does_not_act_moves_nothing(storage):
+    (Path(storage.path) / "checkpoints" / "last.ckpt").write_bytes(b"not a zip")
+    leftover = Path(storage.path) / "checkpoints" / ".last.ckpt.abc.tmp"
+    leftover.write_bytes(b"half")
+    assert resume._decide("auto", storage, act=False) == Decision()
+    assert leftover.exists() and (Path(storage.path) / "checkpoints" / "last.ckpt").exists()
+
+
+def test_leftovers_of_an_interrupted_write_are_removed_before_resuming(storage):
+    save_checkpoint(storage, "last.ckpt", step=5)
+    leftover = Path(storage.path) / "checkpoints" / ".last.ckpt.abc.tmp"
+    leftover.write_bytes(b"half")
+    assert resume.decide("auto", storage, is_global_zero=True).point.global_step == 5
+    assert not leftover.exists()
+
+
+def test_a_completed_run_is_not_trained_again(storage):
+    save_checkpoint(storage, "last.ckpt", step=9)
+    storage.write_text("summary.json", json.dumps({"status": "completed", "epochs": 3, "global_step": 9}))
+    decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision.point is None
+    assert decision.completed_summary["global_step"] == 9
+    assert resume.completed_message(storage, decision.completed_summary) == (
+        f"run default-0123456789 already completed (3 epochs, 9 steps, summary: "
+        f"{storage.url_of('summary.json')}); not training it again. To train it from scratch: resume=never "
+        "(the finished run's files are moved aside) or another run_name; to train it further: "
+        "resume=<checkpoint> with a larger trainer.max_epochs"
+    )
+
+
+def test_an_unfinished_summary_does_not_stop_the_resume(storage):
+    save_checkpoint(storage, "last.ckpt", step=9)
+    storage.write_text("summary.json", json.dumps({"status": "failed"}))
+    assert resume.decide("auto", storage, is_global_zero=True).point.global_step == 9
+
+
+def test_resume_never_starts_fresh_and_moves_the_earlier_files_aside(storage):
+    save_checkpoint(storage, "last.ckpt", step=9)
+    assert resume.decide("never", storage, is_global_zero=True) == Decision()
+    assert not Path(storage.path).exists()
+    (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
+    assert (aside / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_resume_never_on_an_empty_folder_moves_nothing(storage):
+    assert resume.decide("never", storage, is_global_zero=True) == Decision()
+    assert Path(storage.path).is_dir()
+    assert not list(Path(storage.root).glob("*.replaced-*"))
+
+
+def test_an_explicit_checkpoint_is_resumed_even_when_the_run_completed(storage, tmp_path):
+    storage.write_text("summary.json", json.dumps({"status": "completed"}))
+    chosen = tmp_path / "chosen.ckpt"
+    torch.save({"state_dict": {}, "loops": {}, "global_step": 2, "epoch": 1}, chosen)
+    decision = resume.decide(str(chosen), storage, is_global_zero=True)
+    assert decision.point == ResumePoint(url=str(chosen), epoch=1, global_step=2)
+
+
+def test_an_explicit_checkpoint_that_does_not_load_is_an_error_naming_it(storage, tmp_path):
+    chosen = tmp_path / "chosen.ckpt"
+    chosen.write_bytes(b"garbage")
+    with pytest.raises(InvalidCheckpoint, match=f"resume={chosen} cannot be resumed from: "):
+        resume.decide(str(chosen), storage, is_global_zero=True)
+
+
+def test_the_resume_count_and_tensorboard_dir_carry_over_from_run_json(storage, tmp_path):
+    save_checkpoint(storage, "last.ckpt", step=4)
+    storage.write_text("run.json", json.dumps({"resumed_count": 2, "tensorboard_dir": str(tmp_path / "tb")}))
+    decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision.resumed_count == 3
+    assert decision.tensorboard_dir == tmp_path / "tb"
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_an_unreadable_run_json_counts_as_none(storage, text):
+    save_checkpoint(storage, "last.ckpt", step=4)
+    storage.write_text("run.json", text)
+    decision = resume.decide("auto", storage, is_global_zero=True)
+    assert decision.resumed_count == 1 and decision.tensorboard_dir is None
+
+
+def test_other_ranks_take_rank_zeros_decision_from_the_environment(storage):
+    url = save_checkpoint(storage, "last.ckpt", step=4)
+    storage.write_text("run.json", json.dumps({"resumed_count": 1}))
+    first = resume.decide("auto", storage, is_global_zero=True)
+    assert json.loads(os.environ[resume.DECISION_ENV]) == {
+        "point": {"url": url, "epoch": 0, "global_step": 4},
+        "resumed": 2,
+    }
+    Path(url).unlink()  # a rank that looked itself would now start fresh
+    other = resume.decide("auto", storage, is_global_zero=False)
+    assert other.point == first.point and other.resumed_count == 2
+
+
+def test_a_rank_without_a_decision_to_inherit_decides_without_acting(storage):
+    (Path(storage.path) / "checkpoints" / "last.ckpt").write_bytes(b"not a zip")
+    assert resume.decide("auto", storage, is_global_zero=False) == Decision()
+    assert resume.DECISION_ENV not in os.environ
+    assert (Path(storage.path) / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_debug_run_always_starts_fresh_on_every_rank(storage):
+    save_checkpoint(storage, "last.ckpt", step=4)
+    assert resume.decide("auto", storage, is_global_zero=True, debug_run=True) == Decision()
+    assert json.loads(os.environ[resume.DECISION_ENV]) == {"point": None, "resumed": 0}
+    assert resume.decide("auto", storage, is_global_zero=False) == Decision()
+
+
+def test_the_reason_a_checkpoint_does_not_load_is_one_short_line():
+    assert resume._first_line(OSError("disk\n  said   no")) == "disk said no"
+    assert resume._first_line(ValueError("x" * 500)) == "x" * 200
+    assert resume._first_line(KeyError()) == "KeyError"
+
+
+def test_record_start_appends_each_start_to_run_json(storage, tmp_path):
+    point = ResumePoint(url="s3://b/x/last.ckpt", epoch=2, global_step=12)
+    resume.record_start(storage, Decision(), tmp_path / "run1")
+    resume.record_start(
+        storage, Decision(point=point, resumed_count=1, tensorboard_dir=tmp_path), tmp_path / "r2"
+    )
+    text = storage.read_text("run.json")
+    assert text.endswith("}\n") and '\n  "identity": ' in text  # indented, for people who read it
+    record = json.loads(text)
+    assert record["identity"] == "default-0123456789"
+    assert record["resumed_count"] == 1 and record["tensorboard_dir"] == str(tmp_path)
+    first, second = record["starts"]
+    assert (first["resumed_from"], first["epoch"], first["global_step"]) == (None, None, None)
+    assert first["run_dir"] == str(tmp_path / "run1")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", first["at"])
+    resume.record_start(storage, Decision(), tmp_path / "r3")
+    assert json.loads(storage.read_text("run.json"))["tensorboard_dir"] is None
+    assert (second["resumed_from"], second["epoch"], second["global_step"]) == (point.url, 2, 12)
+
+
+def tensorboard_logger(save_dir: str, name: str | None = "tb", version: str | None = "v0"):
+    return OmegaConf.create(
+        {
+            "_target_": "lightning.pytorch.loggers.TensorBoardLogger",
+            "save_dir": save_dir,
+            "name": name,
+            "version": version,
+        }
+    )
+
+
+def test_tensorboard_dir_is_the_tensorboard_loggers_save_dir_name_and_version(tmp_path):
+    csv = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": "x"}
+    cfg = OmegaConf.create({"logger": {"csv": csv, "tensorboard": tensorboard_logger(str(tmp_path))}})
+    assert resume.tensorboard_dir(cfg) == tmp_path / "tb" / "v0"
+    cfg = OmegaConf.create({"logger": {"tensorboard": tensorboard_logger(str(tmp_path), None, None)}})
+    assert resume.tensorboard_dir(cfg) == tmp_path
+    assert resume.tensorboard_dir(OmegaConf.create({"logger": {"csv": csv, "off": None}})) is None
+    assert resume.tensorboard_dir(OmegaConf.create({"logger": None})) is None
+
+
+def test_a_resumed_tensorboard_logger_continues_the_recorded_directory_from_the_checkpoint_step(tmp_path):
+    point = ResumePoint(url="x", epoch=1, global_step=40)
+    run = type("Run", (), {"resume": Decision(point=point, tensorboard_dir=tmp_path / "tb" / "v0")})()
+    arguments = resume.logger_arguments(tensorboard_logger(str(tmp_path)), run)
+    assert arguments == {"save_dir": str(tmp_path / "tb"), "name": "v0", "version": "", "purge_step": 40}
+    csv = OmegaConf.create({"_target_": "lightning.pytorch.loggers.CSVLogger"})
+    assert resume.logger_arguments(csv, run) == {}
+    fresh = type("Run", (), {"resume": Decision(tensorboard_dir=tmp_path)})()
+    assert resume.logger_arguments(tensorboard_logger(str(tmp_path)), fresh) == {}
+    assert resume.logger_arguments(tensorboard_logger(str(tmp_path)), object()) == {}
+
+
+def test_a_resumed_run_on_the_same_machine_points_to_the_recorded_tensorboard_dir(storage, tmp_path, caplog):
+    previous, own, run_dir = tmp_path / "first" / "tb", tmp_path / "second" / "tb", tmp_path / "second"
+    previous.mkdir(parents=True)
+    run_dir.mkdir()
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=previous)
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        resume.continue_tensorboard(decision, own, storage, run_dir)
+    assert (run_dir / "tensorboard.dir").read_text() == f"{previous}\n"
+    assert decision.tensorboard_dir == previous
+    assert caplog.messages == [f"resume: TensorBoard continues in {previous}"]
+
+
+def test_a_resumed_run_in_its_own_recorded_directory_needs_no_pointer(storage, tmp_path):
+    own = tmp_path / "tb"
+    own.mkdir()
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=own)
+    resume.continue_tensorboard(decision, own, storage, tmp_path)
+    assert not (tmp_path / "tensorboard.dir").exists() and decision.tensorboard_dir == own
+
+
+def test_a_resumed_run_without_tensorboard_records_none(storage, tmp_path):
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path)
+    resume.continue_tensorboard(decision, None, storage, tmp_path)
+    assert decision.tensorboard_dir is None and not (tmp_path / "tensorboard.dir").exists()
+
+
+def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage, tmp_path, caplog):
+    events = Path(storage.path) / "tensorboard"
+    events.mkdir()
+    (events / "events.out.tfevents.1").write_bytes(b"e1")
+    own = tmp_path / "run" / "tb"
+    decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path / "gone")
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        resume.continue_tensorboard(decision, own, storage, tmp_path / "run")
+    assert (own / "events.out.tfevents.1").read_bytes() == b"e1"
+    assert decision.tensorboard_dir == own
+    assert caplog.messages == [f"resume: restored 1 TensorBoard event file(s) from {storage.url}"]
+
+
+def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
+    decision = Decision(tensorboard_dir=tmp_path / "old")
+    resume.continue_tensorboard(decision, tmp_path / "own", storage, tmp_path)
+    assert decision.tensorboard_dir == tmp_path / "own"
+    assert not (tmp_path / "tensorboard.dir").exists()
