@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from litlab.logs import global_rank
@@ -103,16 +103,7 @@ def with_agreed_run_dir(config_name: str, args: list[str]) -> list[str]:
         return args
     if any(arg.startswith("-") for arg in args):
         return args
-    import datetime
-
-    from torch.distributed import TCPStore
-
-    store = TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
-    )
+    store = _agent_store()
     if global_rank() == 0:
         # compare_set sets the key only if it is absent and returns what is stored: a restarted group
         # (the agent's store outlives its workers) finds the first start's directory.
@@ -120,6 +111,39 @@ def with_agreed_run_dir(config_name: str, args: list[str]) -> list[str]:
     else:
         run_dir = store.get(_RUN_DIR_KEY).decode()  # waits until rank 0 has stored it
     return [*args, f"hydra.run.dir={_quoted(run_dir)}"]
+
+
+def agreed_with_rank_zero(name: str, rank_zero_value: Callable[[], str]) -> str | None:
+    """Under torchrun (with its agent's store): ``rank_zero_value()`` as global rank 0 computed it
+    in this start of the group, on every rank (rank 0 stores it; the others wait for it). None
+    elsewhere: the caller decides for itself.
+
+    For what each rank must not decide alone: torchrun starts its ranks at once, each reading shared
+    files that rank 0 may be changing (a restarted group once had rank 0 resume and rank 1 start
+    fresh, and hung in mismatched collectives)."""
+    if not _under_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = _agent_store()
+    key = f"litlab/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # one per start of the group
+    if global_rank() == 0:
+        value = rank_zero_value()
+        store.set(key, value)
+        return value
+    return store.get(key).decode()  # waits until rank 0 has stored it
+
+
+def _agent_store():
+    """A client of the store torchrun's agent serves (it outlives worker restarts)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+    )
 
 
 def _resolved_run_dir(config_name: str, args: list[str]) -> str:

@@ -86,14 +86,30 @@ def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool
     A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
     always starts fresh, so it can be repeated.
     """
-    if not is_global_zero and DECISION_ENV in os.environ:
+    from litlab.launch.ranks import agreed_with_rank_zero
+
+    if not is_global_zero and DECISION_ENV in os.environ:  # a rank Lightning's launcher started
         return _decision_from_env(os.environ[DECISION_ENV])
-    decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
+    decided: list[Decision] = []
+
+    def rank_zero_decides() -> str:
+        decided.append(Decision() if debug_run else _decide(mode, storage, act=True))
+        return _decision_to_env(decided[0])
+
+    shared = agreed_with_rank_zero("resume", rank_zero_decides)  # ranks torchrun started
+    if shared is not None:
+        decision = decided[0] if decided else _decision_from_env(shared)
+    else:
+        decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
     if is_global_zero:
-        os.environ[DECISION_ENV] = json.dumps(
-            {"point": asdict(decision.point) if decision.point else None, "resumed": decision.resumed_count}
-        )
+        os.environ[DECISION_ENV] = _decision_to_env(decision)
     return decision
+
+
+def _decision_to_env(decision: Decision) -> str:
+    point = asdict(decision.point) if decision.point else None
+    completed = decision.completed_summary
+    return json.dumps({"point": point, "resumed": decision.resumed_count, "completed": completed})
 
 
 def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
@@ -146,7 +162,7 @@ def _resuming(point: ResumePoint, resumed_before: int, record: dict[str, Any]) -
 def _decision_from_env(text: str) -> Decision:
     data = json.loads(text)
     point = ResumePoint(**data["point"]) if data["point"] else None
-    return Decision(point=point, resumed_count=int(data["resumed"]))
+    return Decision(point=point, resumed_count=int(data["resumed"]), completed_summary=data.get("completed"))
 
 
 def completed_message(storage: RunStorage, summary: dict[str, Any]) -> str:
