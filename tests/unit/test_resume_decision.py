@@ -179,8 +179,10 @@ def test_other_ranks_take_rank_zeros_decision_from_the_environment(storage):
     storage.write_text("run.json", json.dumps({"resumed_count": 1}))
     first = resume.decide("auto", storage, is_global_zero=True)
     assert json.loads(os.environ[resume.DECISION_ENV]) == {
+        "storage": storage.url,
         "point": {"url": url, "epoch": 0, "global_step": 4},
         "resumed": 2,
+        "completed": None,
     }
     Path(url).unlink()  # a rank that looked itself would now start fresh
     other = resume.decide("auto", storage, is_global_zero=False)
@@ -197,8 +199,20 @@ def test_a_rank_without_a_decision_to_inherit_decides_without_acting(storage):
 def test_a_debug_run_always_starts_fresh_on_every_rank(storage):
     save_checkpoint(storage, "last.ckpt", step=4)
     assert resume.decide("auto", storage, is_global_zero=True, debug_run=True) == Decision()
-    assert json.loads(os.environ[resume.DECISION_ENV]) == {"point": None, "resumed": 0}
+    inherited = {"storage": storage.url, "point": None, "resumed": 0, "completed": None}
+    assert json.loads(os.environ[resume.DECISION_ENV]) == inherited
     assert resume.decide("auto", storage, is_global_zero=False) == Decision()
+
+
+def test_a_decision_inherited_for_another_run_is_ignored(storage, tmp_path):
+    # A process that ran a run in itself hands its decision to the processes it starts: a rank of
+    # another run decides for itself (it once started fresh while its rank 0 resumed, and hung).
+    url = save_checkpoint(storage, "last.ckpt", step=4)
+    elsewhere = RunStorage(str(tmp_path / "elsewhere"), "other-0123456789")
+    elsewhere.prepare()
+    resume.decide("auto", elsewhere, is_global_zero=True)  # an earlier run of this process: start fresh
+    other = resume.decide("auto", storage, is_global_zero=False)
+    assert other.point is not None and other.point.url == url
 
 
 def test_the_reason_a_checkpoint_does_not_load_is_one_short_line():

@@ -88,13 +88,16 @@ def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool
     """
     from litlab.launch.ranks import agreed_with_rank_zero
 
-    if not is_global_zero and DECISION_ENV in os.environ:  # a rank Lightning's launcher started
+    inherited = json.loads(os.environ.get(DECISION_ENV, "{}"))
+    # A rank Lightning's launcher started. Only for this run's storage: a process that ran a run in
+    # itself (a notebook, a test session) hands its stale decision to every process it starts.
+    if not is_global_zero and inherited.get("storage") == storage.url:
         return _decision_from_env(os.environ[DECISION_ENV])
     decided: list[Decision] = []
 
     def rank_zero_decides() -> str:
         decided.append(Decision() if debug_run else _decide(mode, storage, act=True))
-        return _decision_to_env(decided[0])
+        return _decision_to_env(decided[0], storage)
 
     shared = agreed_with_rank_zero("resume", rank_zero_decides)  # ranks torchrun started
     if shared is not None:
@@ -102,14 +105,16 @@ def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool
     else:
         decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
     if is_global_zero:
-        os.environ[DECISION_ENV] = _decision_to_env(decision)
+        os.environ[DECISION_ENV] = _decision_to_env(decision, storage)
     return decision
 
 
-def _decision_to_env(decision: Decision) -> str:
+def _decision_to_env(decision: Decision, storage: RunStorage) -> str:
     point = asdict(decision.point) if decision.point else None
     completed = decision.completed_summary
-    return json.dumps({"point": point, "resumed": decision.resumed_count, "completed": completed})
+    return json.dumps(
+        {"storage": storage.url, "point": point, "resumed": decision.resumed_count, "completed": completed}
+    )
 
 
 def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
