@@ -183,9 +183,9 @@ def test_a_run_whose_process_group_is_smaller_than_its_world_fails_in_one_line(t
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line == (
-        "litlab: error: the run did not happen as configured: trainer.world_size is 2 (devices x nodes) "
-        "but its process group had 1 member"
+    assert last_line.startswith(
+        "litlab: error: rank 0: the run did not happen as configured: trainer.world_size is 2 "
+        "(devices x nodes) but its process group had 1 member; every rank stopped"
     ), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
