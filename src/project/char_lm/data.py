@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from litlab.data import TensorBatches
+from project.splits import seeded_splits
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +91,7 @@ class CharCorpus(L.LightningDataModule):
         length = self.block_size + 1
         count = len(tokens) // length
         sequences = tokens[: count * length].view(count, length)
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.split_seed))
-        n_test, n_val = int(count * self.test_fraction), int(count * self.val_fraction)
-        parts = {
-            "test": order[:n_test],
-            "val": order[n_test : n_test + n_val],
-            "train": order[n_test + n_val :],
-        }
+        parts = seeded_splits(count, self.val_fraction, self.test_fraction, self.split_seed)
         wanted = {"train": 1.0, "val": self.val_fraction, "test": self.test_fraction}
         empty = [split for split, fraction in wanted.items() if fraction > 0 and not len(parts[split])]
         if empty:

@@ -20,6 +20,7 @@ from torch import Tensor
 from torchvision.datasets import CIFAR10
 
 from litlab.data import TensorBatches
+from project.splits import seeded_splits
 from project.vision.data import InMemoryImages
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,8 @@ class CIFAR10DataModule(InMemoryImages):
         train_images, train_labels = _read(self.root, train=True)
         test_images, test_labels = _read(self.root, train=False)
         n = len(train_labels)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        n_val = int(n * self.val_fraction)
-        val_index, train_index = order[:n_val], order[n_val:]
+        index = seeded_splits(n, self.val_fraction, 0.0, self.split_seed)  # the test split is its own file
+        val_index, train_index = index["val"], index["train"]
         train = train_images[train_index]
         mean = train.mean(dim=(0, 2, 3), keepdim=True)  # per channel, from the training split only
         std = train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
@@ -78,7 +78,7 @@ class CIFAR10DataModule(InMemoryImages):
         log.info(
             "data cifar10: %d train, %d val, %d test images from %s, on %s",
             len(train_index),
-            n_val,
+            len(val_index),
             len(test_labels),
             self.root,
             device,

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from litlab.data import TensorBatches
+from project.splits import seeded_splits
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,7 @@ class InMemoryImages(L.LightningDataModule):
             return
         images, labels = self.load()
         n = len(labels)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        n_test, n_val = int(n * self.test_fraction), int(n * self.val_fraction)
-        parts = {
-            "test": order[:n_test],
-            "val": order[n_test : n_test + n_val],
-            "train": order[n_test + n_val :],
-        }
+        parts = seeded_splits(n, self.val_fraction, self.test_fraction, self.split_seed)
         # Standardise with the training split's statistics only.
         train = images[parts["train"]]
         mean, std = train.mean(), train.std().clamp_min(1e-6)
