@@ -48,6 +48,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from litlab.errors import LitlabError, error_chain
+from litlab.storage.checkpoints import in_an_epochs_last_batch
 
 log = logging.getLogger("litlab")
 
@@ -397,9 +398,7 @@ def _epoch_ending(trainer: L.Trainer) -> bool:
     """Whether fitting is in an epoch's last batch or in a validation. Stopped there, Lightning would
     cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
     of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    last_batch = progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
-    return last_batch or trainer.validating or trainer.sanity_checking
+    return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
 
 
 def _requeue_this_job() -> None:

@@ -119,6 +119,13 @@ def last_checkpoint(trainer: L.Trainer) -> str | None:
     return None
 
 
+def in_an_epochs_last_batch(trainer: L.Trainer) -> bool:
+    """Whether fitting is in (or just after) the last training batch of an epoch. A checkpoint of
+    this point is resumed by Lightning straight into the next epoch, without this epoch's validation."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+
+
 class StepCheckpoint(LastCheckpoint):
     """``last.ckpt`` every N optimizer steps, except on an epoch's last batch when the epoch-end
     ``last.ckpt`` follows (every ``epoch_end_every`` epochs).
@@ -134,9 +141,7 @@ class StepCheckpoint(LastCheckpoint):
         self.epoch_end_every = epoch_end_every
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        progress = trainer.fit_loop.epoch_loop.batch_progress
-        epoch_ends = progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
-        if epoch_ends and (trainer.current_epoch + 1) % self.epoch_end_every == 0:
+        if in_an_epochs_last_batch(trainer) and (trainer.current_epoch + 1) % self.epoch_end_every == 0:
             return
         super().on_train_batch_end(trainer, pl_module, *args)
 
