@@ -79,9 +79,10 @@ def test_eval_of_the_best_checkpoint_reproduces_the_test_metrics(char_lm_run):
 
 
 def test_sigkill_then_the_same_command_ends_bitwise_equal_to_the_uninterrupted_run(char_lm_run, tmp_path):
-    # Killed by its own tests.faults.SignalAt right after a seeded, printed step's update.
+    # Killed by its own tests.faults.SignalAt right after a seeded, printed step's update; from step 3
+    # on, so that a checkpoint (step 2's) is there to resume from.
     log_dir = tmp_path / "logs"
-    stop = Stop("SIGKILL", "train_batch_end", random_step(low=2, high=TOTAL_STEPS - 1))
+    stop = Stop("SIGKILL", "train_batch_end", random_step(low=3, high=TOTAL_STEPS - 1))
     where = f"{stop} (TEST_SEED={TEST_SEED})"
     print(where)
     stop_at(stop, log_dir, *CHAR_LM)

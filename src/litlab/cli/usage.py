@@ -9,6 +9,8 @@ no change here.
 
 from __future__ import annotations
 
+import sys
+
 from omegaconf import OmegaConf
 
 RESOLVER = "litlab_config_groups"
@@ -39,7 +41,14 @@ def _picked(group: str) -> bool:
 
 
 def config_groups() -> str:
-    """The groups a user picks with ``GROUP=OPTION``, one line each, for the help template."""
+    """The groups a user picks with ``GROUP=OPTION``, one line each, for the help template; empty
+    unless the command line asks for ``--help``.
+
+    omegaconf resolves the template whenever Hydra merges a config into it, so in every compose, not
+    only for ``--help``; listing the groups took 0.65 s of a 0.85 s compose, and a run composes three
+    times (its preflight, Hydra's run mode, the job)."""
+    if not _help_asked():
+        return ""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -58,6 +67,11 @@ def config_groups() -> str:
         ]
         lines.append(f"  {group:<{width}}  {', '.join(options)}")
     return "\n".join(lines)
+
+
+def _help_asked() -> bool:
+    """Whether this command line asks Hydra for the app's help (Hydra reads the same ``sys.argv``)."""
+    return any(arg in ("--help", "-h") for arg in sys.argv[1:])
 
 
 def register() -> None:
