@@ -191,8 +191,10 @@ def test_a_run_whose_process_group_is_smaller_than_its_world_fails_in_one_line(t
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     outcome = json.loads((run_dir / "summary.json").read_text())
     assert outcome["status"] == "failed" and outcome["error"] in last_line
+    # Found before the first step, not after training a run with half its ranks.
     assert outcome["world"] == {
         "configured_world_size": 2,
         "process_group_size": 1,
-        "optimizer_steps_per_rank": [outcome["global_step"]],
+        "optimizer_steps_per_rank": [0],
     }
+    assert outcome["global_step"] == 0

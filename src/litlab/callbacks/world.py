@@ -39,16 +39,27 @@ def world_problem(expected: int, members: int, steps_per_rank: list[int]) -> str
 
 
 class WorldCheck(Callback):
-    """At the end of fit, compares ``trainer.world_size`` with the process group's size and every
-    rank's optimizer steps, and raises ``WorldMismatch`` (one line) when they differ. ``report``
-    goes into summary.json as ``world``."""
+    """At the start of fit, compares ``trainer.world_size`` with the process group's size; at its end,
+    also every rank's optimizer steps; raises ``WorldMismatch`` (one line) when they differ.
+    ``report`` goes into summary.json as ``world``."""
 
     def __init__(self) -> None:
         self.report: dict[str, Any] = {}
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A process group of another size is known before the first step: fail now, not after training.
+        members = process_group_size()
+        if members != trainer.world_size:
+            self.report.update(
+                configured_world_size=trainer.world_size,
+                process_group_size=members,
+                optimizer_steps_per_rank=[trainer.global_step],
+            )
+            raise WorldMismatch(world_problem(trainer.world_size, members, []))
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        members = torch.distributed.get_world_size() if distributed else 1
+        members = process_group_size()
         steps = torch.tensor([trainer.global_step], device=trainer.strategy.root_device)
         if distributed:
             steps = trainer.strategy.all_gather(steps)  # every member takes part, so none waits
@@ -61,3 +72,9 @@ class WorldCheck(Callback):
         problem = world_problem(trainer.world_size, members, steps_per_rank)
         if problem is not None:
             raise WorldMismatch(problem)
+
+
+def process_group_size() -> int:
+    """How many ranks this process trains with: its process group's members (1 without one)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1

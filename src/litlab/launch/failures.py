@@ -287,7 +287,10 @@ class WatchTheRanks(Callback):
         _fits += 1
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = torch.distributed.distributed_c10d._get_default_store()  # the one the ranks rendezvoused in
-        world = World(trainer, trainer.global_rank, trainer.world_size, store, f"litlab/{restart}/{_fits}")
+        # The ranks that exist: a process group smaller than trainer.world_size (WorldCheck stops the
+        # run on it) would otherwise wait a minute here for ranks that never register.
+        members = torch.distributed.get_world_size()
+        world = World(trainer, trainer.global_rank, members, store, f"litlab/{restart}/{_fits}")
         world.children = _lightning_children(trainer)
         world.register()
         _current = world
