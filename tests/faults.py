@@ -232,6 +232,46 @@ class SignalAt(Callback):
             torch.save = _half_written_then_signalled(torch.save, self.signal)
 
 
+HOLD_AT_ENV = "LITLAB_TEST_HOLD_AT"
+HOLD_S = 120  # at most: a signal that never comes fails the test by its own timeout, not by a hang
+
+
+class HoldAt(Callback):
+    """A callback that holds training after one exact step until its process receives a signal, as
+    $LITLAB_TEST_HOLD_AT says: ``<SIGNAL>:<global step>``, e.g. ``SIGUSR1:5``. For signals sent from
+    outside (``scancel --signal``, a launcher): a tiny run would otherwise finish before they arrive.
+    It prints ``tests.faults: holding at step N until SIGNAL`` when it starts waiting; the handlers
+    already installed for the signal (Lightning's, litlab's) still run, once, when it comes."""
+
+    def __init__(self) -> None:
+        spec = os.environ.get(HOLD_AT_ENV)
+        self.signal = self.step = None
+        if spec:
+            name, step = spec.split(":")
+            self.signal, self.step = signal.Signals[name], int(step)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if self.step is None or trainer.global_step != self.step:
+            return
+        self.step = None  # once
+        received = []
+        handler = signal.getsignal(self.signal)
+
+        def note(signum, frame) -> None:
+            received.append(signum)
+            if callable(handler):
+                handler(signum, frame)
+
+        signal.signal(self.signal, note)
+        print(f"tests.faults: holding at step {trainer.global_step} until {self.signal.name}", flush=True)
+        deadline = time.monotonic() + HOLD_S
+        try:
+            while not received and time.monotonic() < deadline:
+                time.sleep(0.05)  # the handler runs between these sleeps
+        finally:
+            signal.signal(self.signal, handler)
+
+
 def random_generator_states() -> dict[str, torch.Tensor]:
     """torch's, Python's and numpy's global generator states, as tensors (weights_only loads them)."""
     import random

@@ -97,12 +97,15 @@ def _wait_until_finished(cluster: SlurmCluster, job_id: str) -> str:
     return state
 
 
-def submit_train_batch(cluster: SlurmCluster, out: Path, *args: str) -> str:
-    """``sbatch scripts/slurm/train.sbatch ARGS`` as 1 node x 2 tasks, output to ``out``; the job id."""
+def submit_train_batch(
+    cluster: SlurmCluster, out: Path, *args: str, env: dict[str, str] | None = None
+) -> str:
+    """``sbatch scripts/slurm/train.sbatch ARGS`` as 1 node x 2 tasks, output to ``out``; the job id.
+    ``env``: added to the job's environment."""
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
         + [f"--output={out}", str(REPO / "scripts" / "slurm" / "train.sbatch"), *args],
-        env=_slurm_env(cluster),
+        env={**_slurm_env(cluster), **(env or {})},
         cwd=out.parent,
         capture_output=True,
         text=True,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TINY, ok, run_dirs, summary
+from tests.faults import HOLD_AT_ENV
 from tests.integration.test_slurm_launcher import (
     CPU_DDP,
     JOB_TIMEOUT_S,
@@ -44,8 +45,15 @@ def test_requeue_signal_stops_both_ranks_requeues_the_job_and_it_resumes_in_its_
         "callbacks.checkpoint.every_n_train_steps=2",
         "callbacks.progress.every_n_steps=1",
     ]
-    job_id = submit_train_batch(slurm_cluster, out, *args)
-    _wait_for(out, r"\] epoch 0(?:/\d+)? step [4-9]:", slurm_cluster, job_id)
+    # Both ranks hold after step 5 until the signal comes (tests.faults.HoldAt): the tiny run would
+    # otherwise end before scancel's signal arrives. It stops both at the next batch boundary, step 6.
+    hold = {**FAULTS_IMPORTABLE, HOLD_AT_ENV: "SIGUSR1:5"}
+    job_id = submit_train_batch(
+        slurm_cluster, out, *args, "+callbacks.hold._target_=tests.faults.HoldAt", env=hold
+    )
+    _wait_for(
+        out, r"(?s)holding at step 5 until SIGUSR1.*holding at step 5 until SIGUSR1", slurm_cluster, job_id
+    )
     ok(slurm_cluster.run("scancel", "--signal=USR1", job_id, timeout=30))  # to every task of the step
 
     state = _wait_until_finished(slurm_cluster, job_id)
@@ -53,7 +61,7 @@ def test_requeue_signal_stops_both_ranks_requeues_the_job_and_it_resumes_in_its_
     assert state == "COMPLETED", f"{state}\n{output[-4000:]}"
     assert f"requeued Slurm job {job_id}" in output, output[-4000:]
     stops = re.findall(r"\]\[rank (\d)\]\[litlab\]\[WARNING\] SIGTERM: stopped at global step (\d+)", output)
-    assert {rank for rank, _ in stops} == {"0", "1"} and len({step for _, step in stops}) == 1, stops
+    assert sorted(stops) == [("0", "6"), ("1", "6")], stops
     (resumed,) = re.findall(
         r"\]\[rank 0\]\[litlab\]\[INFO\] resuming from (\S+) \(epoch \d+, step (\d+)\)", output
     )
