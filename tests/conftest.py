@@ -23,6 +23,7 @@ from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
+from tests.warm import WarmProcess, WarmStarts
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -88,23 +89,54 @@ def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+# Console scripts started by tests are forked from a server that has imported torch, Lightning and
+# Hydra (tests/warm.py): a real process of its own, minus ~5 s of imports. cold=True for a test of
+# what happens while a process starts.
+WARM = WarmStarts()
+
+
+def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a litlab command a test starts: this process's, unbuffered, plus ``env``."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return full_env
+
+
 def litlab(
     command: str,
     *args: str,
     env: dict[str, str] | None = None,
     timeout: float = 300,
     cwd: Path = REPO,
-):
+    cold: bool = False,
+) -> subprocess.CompletedProcess:
     """Run a litlab console script (litlab-train, litlab-eval, litlab-compare) and capture its output."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None)
+    argv = [str(BIN / command), *args]
+    if not cold:
+        return WARM.run(argv, command_env(env), cwd, timeout)
     return subprocess.run(
+        argv, capture_output=True, text=True, env=command_env(env), timeout=timeout, cwd=cwd
+    )
+
+
+def start_litlab(
+    command: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    new_session: bool = False,
+    merge_stderr: bool = True,
+) -> WarmProcess:
+    """Start a litlab console script, warm, with its output in ``.stdout`` (text; stderr too, or in
+    ``.stderr`` with ``merge_stderr=False``): a ``subprocess.Popen``-like process (pid, poll, wait,
+    send_signal, kill, communicate)."""
+    return WARM.popen(
         [str(BIN / command), *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=cwd,
+        command_env(env),
+        cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        start_new_session=new_session,
     )
 
 

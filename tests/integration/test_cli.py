@@ -30,6 +30,7 @@ def test_a_run_prints_no_known_noise_and_ends_with_its_metrics_and_run_dir(log_d
             "model.net._target_=tests.faults.MLPThatWarns",
             *tiny,
             env=FAULTS_IMPORTABLE,
+            cold=True,  # what the imports print too: a warm start imported torch and Lightning earlier
         )
     )
     output = result.stdout + result.stderr

@@ -35,6 +35,7 @@ from tests.integration.test_resume import (
     storage_folder,
     valid_checkpoints,
 )
+from tests.warm import WarmProcess
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +48,11 @@ def env_for(log_dir: Path, **extra: str) -> dict[str, str]:
     return {**FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(log_dir), **extra}
 
 
-def to_every_rank(process: subprocess.Popen, sig: signal.Signals) -> None:
+def to_every_rank(process: WarmProcess, sig: signal.Signals) -> None:
     os.killpg(process.pid, sig)
 
 
-def to_rank_1(process: subprocess.Popen, sig: signal.Signals) -> None:
+def to_rank_1(process: WarmProcess, sig: signal.Signals) -> None:
     (child,) = psutil.Process(process.pid).children()  # the rank Lightning's launcher started
     child.send_signal(sig)
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TEST_SEED, litlab, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TEST_SEED, litlab, ok, run_dirs, start_litlab, summary
 from tests.faults import PHASES, SIGNAL_AT_ENV
 from tests.image_files import write_image_folder
 
@@ -195,22 +195,15 @@ def interrupt_at(
 
     For signals from outside the process (to other ranks, from a launcher); a point inside one
     process is exact with ``stop_at``."""
-    process = subprocess.Popen(
-        [str(BIN / "litlab-train"), *ARGS, *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, for a signal to every rank
-    )
+    # Its own session and process group, for a signal to every rank.
+    process = start_litlab("litlab-train", *ARGS, *args, env=env, new_session=True)
     seen = []
     assert process.stdout is not None
     for line in process.stdout:
         seen.append(line)
         reached = re.search(r"\] epoch \d+(?:/\d+)? step (\d+):", line)
         if reached and int(reached.group(1)) >= step:
-            (send or subprocess.Popen.send_signal)(process, sig)
+            (send or type(process).send_signal)(process, sig)
             break
     seen.append(process.stdout.read())
     process.wait(timeout=120)

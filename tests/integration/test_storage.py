@@ -30,7 +30,8 @@ IMPORT_TIME = "import time:"  # the lines PYTHONPROFILEIMPORTTIME=1 writes to st
 def litlab_checking_storage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``litlab-train`` with its imports listed on stderr (PYTHONPROFILEIMPORTTIME)."""
     listing = {**(env or {}), "PYTHONPROFILEIMPORTTIME": "1"}
-    return litlab("litlab-train", *args, env=listing, timeout=HANG_GUARD_S)
+    # Cold: a warm start's torch was imported before it began, and would not be listed.
+    return litlab("litlab-train", *args, env=listing, timeout=HANG_GUARD_S, cold=True)
 
 
 def fails_in_one_line(result: subprocess.CompletedProcess, *words: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from litlab.storage.resume import load_point
-from tests.conftest import BIN, REPO, TINY, litlab, ok, run_dirs, summary
+from tests.conftest import TINY, litlab, ok, run_dirs, start_litlab, summary
 
 pytestmark = pytest.mark.slow
 
@@ -125,19 +125,16 @@ def test_s3_server_that_stops_answering_fails_after_bounded_retries_and_the_same
         "storage.timeout_s=1",
     ]
     run = [*RUN, *storage, "callbacks.progress.every_n_steps=1"]
-    command = [str(BIN / "litlab-train"), *run]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LITLAB_LOG_DIR": str(log_dir), **s3_server.env()}
+    env = {"LITLAB_LOG_DIR": str(log_dir), **s3_server.env()}
     server = _pid_listening_on(int(s3_server.endpoint.rsplit(":", 1)[1]))
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = start_litlab("litlab-train", *run, env=env, merge_stderr=False)
     assert process.stdout is not None
     for line in process.stdout:
         if re.search(r"\] epoch 1(?:/\d+)? step 6:", line):  # last.ckpt written at steps 2, 4 and 6
             break
     with stopped(server):
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     one_line_failure(result, f"s3://{bucket}/runs/", s3_server.endpoint, "did not answer after 2 attempts")
 
     objects = s3_server.objects(bucket)
@@ -153,10 +150,7 @@ def test_s3_server_that_stops_answering_fails_after_bounded_retries_and_the_same
 
 def test_a_second_copy_of_a_running_command_refuses_naming_the_holder(log_dir):
     command = [*RUN, "trainer.max_epochs=50", "callbacks.progress.every_n_steps=1"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LITLAB_LOG_DIR": str(log_dir)}
-    first = subprocess.Popen(
-        [str(BIN / "litlab-train"), *command], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
-    )
+    first = start_litlab("litlab-train", *command, env={"LITLAB_LOG_DIR": str(log_dir)})
     try:
         assert first.stdout is not None
         for line in first.stdout:

@@ -10,7 +10,6 @@ flags while training.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, ranks_that_joined
+from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ranks_that_joined, start_litlab
+from tests.integration.test_sweeps import rank_lines, report_rows
 
 pytestmark = pytest.mark.slow
 
@@ -48,10 +48,6 @@ def outcome_of(run_dir: Path) -> Outcome:
     return Outcome(run_dir, summary, checkpoints, last["state_dict"])
 
 
-def command(*overrides: str) -> list[str]:
-    return [str(BIN / "litlab-train"), *overrides]
-
-
 def run_alone(settings: list[list[str]], root: Path) -> list[Outcome]:
     """Each settings list as its own fresh ``litlab-train`` process (two at a time, on 2 cores)."""
     outcomes: list[Outcome | None] = [None] * len(settings)
@@ -61,15 +57,7 @@ def run_alone(settings: list[list[str]], root: Path) -> list[Outcome]:
         started = []
         for index, overrides in batch:
             log_dir = root / f"alone-{index}"
-            env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(log_dir)}
-            process = subprocess.Popen(
-                command(*overrides),
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+            process = start_litlab("litlab-train", *overrides, env={**ENV, "LITLAB_LOG_DIR": str(log_dir)})
             started.append((index, log_dir, process))
         for index, log_dir, process in started:
             output, _ = process.communicate(timeout=300)
@@ -83,11 +71,7 @@ def run_alone(settings: list[list[str]], root: Path) -> list[Outcome]:
 
 def run_sweep(root: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, list[Outcome]]:
     log_dir = root / "sweep"
-    env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(log_dir)}
-    env.pop("HYDRA_FULL_ERROR", None)
-    result = subprocess.run(
-        command(*overrides), env=env, cwd=REPO, capture_output=True, text=True, timeout=600
-    )
+    result = litlab("litlab-train", *overrides, env={**ENV, "LITLAB_LOG_DIR": str(log_dir)}, timeout=600)
     (sweep_dir,) = (log_dir / "train" / "multiruns").iterdir()
     jobs = sorted((d for d in sweep_dir.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
     return result, [outcome_of(job) for job in jobs]
@@ -113,7 +97,8 @@ def assert_same_run(job: Outcome, alone: Outcome, label: str) -> None:
 
 
 def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
-    """The README's precision x device-count sweep (tiny): devices 1, then 2, then 1, then 2."""
+    """The README's precision x device-count sweep (tiny): devices 1, then 2, then 1, then 2, every
+    job in a process of its own (strategy=ddp), started once, its ranks in one process group."""
     result, jobs = run_sweep(
         tmp_path,
         "sweep=precision_accumulation",
@@ -126,6 +111,13 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     grid = [(precision, devices) for precision in ("fp32", "bf16") for devices in (1, 2)]
     assert [(j.summary["groups"]["precision"], j.summary["devices"]) for j in jobs] == grid
+    # One sweep, whatever ran its ranks: no rank started a sweep or a single run of its own.
+    sweep_dir = jobs[0].run_dir.parent
+    assert result.stdout.count("Launching 4 jobs") == 1, result.stdout[-3000:]
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
+    assert not (tmp_path / "sweep" / "train" / "runs").exists()
+    assert len(list((tmp_path / "sweep" / "storage").iterdir())) == 4
+    assert [row["status"] for row in report_rows(sweep_dir)] == ["completed"] * 4
     alone = run_alone(
         [[f"precision={p}", f"trainer.devices={d}", "strategy=ddp", *BASE] for p, d in grid], tmp_path
     )
@@ -135,6 +127,17 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
         # Every rank of this job joined one process group of the job's size, and no other one.
         assert ranks_that_joined(job.run_dir) == [f"{r} {r + 1}/{devices}" for r in range(devices)], label
         assert len(job.summary["memory"]["peak_rss_mib_per_rank"]) == devices, label
+        # Exactly one process per rank trained in the job's directory, all of them this job.
+        started = rank_lines(job.run_dir)
+        assert sorted(rank for rank, _ in started) == list(range(devices)), started
+        assert {identity for _, identity in started} == {job.summary["run_name"]}, started
+        reason = "2 ranks" if devices == 2 else "strategy=ddp sets up a process group for the whole process"
+        assert job.summary["sweep"] == {
+            "dir": str(sweep_dir),
+            "job_num": int(job.run_dir.name),
+            "process": "own",
+            "own_process_reason": reason,
+        }, label
         assert "last.ckpt" in job.checkpoints, label
         assert_same_run(job, reference, label)
 
@@ -172,15 +175,13 @@ def test_mixed_sweep_jobs_each_match_the_same_settings_run_alone(tmp_path):
 def test_a_run_whose_process_group_is_smaller_than_its_world_fails_in_one_line(tmp_path):
     # LOCAL_RANK set: Lightning takes the ranks as started by someone else, launches none, and finds
     # the datamodule's one-member group already there, as in a process an earlier job had used.
-    env = {**os.environ, **ENV, "LITLAB_LOG_DIR": str(tmp_path / "logs"), "LOCAL_RANK": "0"}
+    env = {**ENV, "LITLAB_LOG_DIR": str(tmp_path / "logs"), "LOCAL_RANK": "0"}
     overrides = [
         "strategy=ddp",
         "trainer.devices=2",
         "data._target_=tests.faults.DigitsInALeftoverProcessGroup",
     ]
-    result = subprocess.run(
-        command(*overrides, *BASE), env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    result = litlab("litlab-train", *overrides, *BASE, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith(

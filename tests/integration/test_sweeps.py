@@ -190,55 +190,18 @@ def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tm
 
 
 @pytest.mark.slow
-def test_ddp_multirun_runs_each_job_once_with_two_ranks(tmp_path):
-    result, sweep_dir = sweep(
-        tmp_path,
-        "-m",
-        "precision=fp32,bf16",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "strategy=ddp",
-        *TINY,
-    )
-    assert result.stdout.count("Launching 2 jobs") == 1  # no rank started a sweep of its own
-    assert not (tmp_path / "logs" / "train" / "runs").exists()  # no stray single-run directories
-    jobs = job_dirs(sweep_dir)
-    assert [j.name for j in jobs] == ["0", "1"]
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
-    for job, precision in zip(jobs, ["fp32", "bf16"], strict=True):
-        lines = rank_lines(job)
-        assert sorted(rank for rank, _ in lines) == [0, 1], lines  # exactly one process per rank
-        assert len({identity for _, identity in lines}) == 1  # both ranks ran the same job
-        result = json.loads((job / "summary.json").read_text())
-        assert (result["status"], result["world_size"], result["groups"]["precision"]) == (
-            "completed",
-            2,
-            precision,
-        )
-        assert result["sweep"] == {
-            "dir": str(sweep_dir),
-            "job_num": int(job.name),
-            "process": "own",
-            "own_process_reason": "2 ranks",
-        }
-        assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
-    assert len(list((tmp_path / "logs" / "storage").iterdir())) == 2
-    assert len(report_rows(sweep_dir)) == 2
-
-
-@pytest.mark.slow
 def test_optuna_search_with_ddp_samples_once_per_trial(tmp_path):
     result, sweep_dir = sweep(
         tmp_path,
         "hparams_search=optuna",
-        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_trials=2",
         "trainer.devices=2",
         "strategy=ddp",
         *TINY,
     )
-    assert result.stdout.count("Launching 1 jobs") == 3
+    assert result.stdout.count("Launching 1 jobs") == 2
     jobs = job_dirs(sweep_dir)
-    assert len(jobs) == 3
+    assert len(jobs) == 2
     identities, values = [], []
     for job in jobs:
         lines = rank_lines(job)
@@ -251,9 +214,9 @@ def test_optuna_search_with_ddp_samples_once_per_trial(tmp_path):
         assert 1e-4 <= float(sampled["optimizer.lr"]) <= 1e-1
         assert run["micro_batch_size"] == int(sampled["data.batch_size"]) in (16, 32, 64, 128)
         values.append((run["metrics"]["val/acc"], sampled))
-    assert len(set(identities)) == 3  # three different samples
+    assert len(set(identities)) == 2  # two different samples
     best = OmegaConf.to_container(OmegaConf.load(sweep_dir / "optimization_results.yaml"))
     best_value, best_sample = max(values, key=lambda v: v[0])
     assert math.isclose(best["best_value"], best_value, rel_tol=1e-9)
     assert {k: str(v) for k, v in best["best_params"].items()} == best_sample
-    assert len(report_rows(sweep_dir)) == 3
+    assert len(report_rows(sweep_dir)) == 2

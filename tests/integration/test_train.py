@@ -144,6 +144,7 @@ def test_training_runs_with_import_time_objects_frozen_and_no_per_step_nvml_prob
             "model.net._target_=tests.faults.MLPReportingItsProcess",
             *TINY,
             env=env,
+            cold=True,  # what Lightning's import does to the process: a warm start imported it earlier
         )
     )
     state = json.loads(report.read_text())

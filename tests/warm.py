@@ -1,0 +1,327 @@
+"""Warm starts: litlab's console scripts as real, separate processes, forked from a server that has
+already imported the heavy third-party libraries (torch, Lightning, Hydra) instead of importing them
+again. A cold ``import lightning`` is ~5 s of CPU on 2 cores, most of a tiny run; the suite starts
+about a hundred such processes.
+
+A warm child is a process of its own, as a cold one is: its own pid (and session when asked), the
+environment, arguments, working directory and stdin/stdout/stderr of the request; it runs the console
+script from its first line, so litlab and your project are imported in it, after its environment is
+set; every process it starts (Lightning's DDP ranks, sweep jobs in a process of their own) starts
+cold. What it does not repeat is the interpreter's start and those libraries' imports. So:
+
+- the server is started with the request's import-time environment (``IMPORT_TIME`` variables:
+  the interpreter's, torch's threading and CUDA ones, the locale); a request that differs gets a
+  server of its own;
+- a test of what happens while a process starts (which modules a failing command imported, what
+  Lightning's import does to the environment, warnings printed while importing) starts cold:
+  ``litlab(..., cold=True)``, as the README commands, ``make`` targets and the bench always do.
+
+Server protocol, over a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
+new_session) with its stdin, stdout and stderr passed as file descriptors; the server answers the
+child's pid, then its wait status when it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+# What every litlab-train imports before it trains; litlab and the project are never preloaded.
+PRELOAD = (
+    "torch",
+    "lightning",
+    "lightning.pytorch",
+    "torchmetrics",
+    "torchvision",
+    "hydra",
+    "hydra._internal.utils",
+    "omegaconf",
+    "fsspec",
+    "psutil",
+    "torch.utils.tensorboard",
+)
+# Environment variables read when the interpreter starts or while the preloaded libraries import.
+IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA", "LD_")
+IMPORT_TIME += ("LANG", "LC_", "TZ")
+SERVER_START_S = 120
+
+
+def import_time_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+
+
+# --- the client: used by the tests ----------------------------------------------------------------
+
+
+class WarmProcess:
+    """The subset of ``subprocess.Popen`` the tests use, for a child of a warm server."""
+
+    def __init__(self, connection: socket.socket, pid: int, args: list[str]) -> None:
+        self.args, self.pid, self.returncode = args, pid, None
+        self._connection = connection
+        self._answer = b""
+        self.stdout: IO[str] | None = None
+        self.stderr: IO[str] | None = None
+
+    def poll(self) -> int | None:
+        return self._read_status(timeout=0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._read_status(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _read_status(self, timeout: float | None) -> int | None:
+        """The exit status once the server sends it, waiting up to ``timeout`` (None: for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._connection.settimeout(left)
+            try:
+                chunk = self._connection.recv(64)
+            except (TimeoutError, BlockingIOError):
+                return None
+            if not chunk:
+                raise RuntimeError(f"the warm-start server ended before its child {self.pid} did")
+            self._answer += chunk
+            if self._answer.endswith(b"\n"):
+                self.returncode = os.waitstatus_to_exitcode(int(self._answer))
+                self._connection.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Read stdout and stderr to their ends, then wait, as ``Popen.communicate`` does."""
+        outputs: dict[str, str] = {}
+        readers = [
+            threading.Thread(target=lambda n=name, s=stream: outputs.__setitem__(n, s.read()), daemon=True)
+            for name, stream in (("stdout", self.stdout), ("stderr", self.stderr))
+            if stream is not None
+        ]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        return outputs.get("stdout"), outputs.get("stderr")
+
+
+class WarmStarts:
+    """The servers of this test process, one per import-time environment, started when first needed."""
+
+    def __init__(self) -> None:
+        self._servers: dict[tuple[tuple[str, str], ...], tuple[subprocess.Popen, str]] = {}
+        self._folder = tempfile.mkdtemp(prefix="litlab-warm-")
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def popen(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path | str,
+        *,
+        stdout: int | None = None,
+        stderr: int | None = None,
+        start_new_session: bool = False,
+    ) -> WarmProcess:
+        """Start ``argv`` (a console script and its arguments) as a warm child. ``stdout``/``stderr``:
+        ``subprocess.PIPE`` (text, read from ``.stdout``/``.stderr``), ``subprocess.STDOUT`` (stderr
+        into stdout) or None (this process's)."""
+        path = self._server(import_time_environment(env))
+        pipes: dict[str, tuple[int, int]] = {}
+        for name, wanted in (("stdout", stdout), ("stderr", stderr)):
+            if wanted == subprocess.PIPE:
+                pipes[name] = os.pipe()
+        child_stdout = pipes["stdout"][1] if "stdout" in pipes else 1
+        if stderr == subprocess.STDOUT:
+            child_stderr = child_stdout
+        else:
+            child_stderr = pipes["stderr"][1] if "stderr" in pipes else 2
+        request = {"argv": argv, "env": env, "cwd": str(cwd), "new_session": start_new_session}
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(path)
+        socket.send_fds(connection, [json.dumps(request).encode()], [0, child_stdout, child_stderr])
+        for _, write_end in pipes.values():
+            os.close(write_end)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = connection.recv(64)
+            if not chunk:
+                raise RuntimeError(f"the warm-start server at {path} refused {argv}")
+            answer += chunk
+        process = WarmProcess(connection, int(answer), argv)
+        for name, (read_end, _) in pipes.items():
+            setattr(process, name, open(read_end, encoding="utf-8", errors="replace"))  # noqa: SIM115
+        return process
+
+    def run(
+        self, argv: list[str], env: dict[str, str], cwd: Path | str, timeout: float
+    ) -> subprocess.CompletedProcess:
+        """``subprocess.run(argv, capture_output=True, text=True, ...)`` as a warm child."""
+        process = self.popen(argv, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+    def _server(self, key: tuple[tuple[str, str], ...]) -> str:
+        with self._lock:
+            if key in self._servers:
+                server, path = self._servers[key]
+                if server.poll() is None:
+                    return path
+            path = os.path.join(self._folder, f"server-{len(self._servers)}.sock")
+            env = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
+            server = subprocess.Popen(
+                [sys.executable, __file__, path],
+                env={**env, **dict(key)},
+                stdin=subprocess.PIPE,  # the server ends when this process closes it (or ends)
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            ready = server.stdout.readline() if server.stdout else ""
+            if ready.strip() != "ready":
+                server.kill()
+                raise RuntimeError(f"the warm-start server did not start: {ready!r} (exit {server.poll()})")
+            self._servers[key] = (server, path)
+            return path
+
+    def close(self) -> None:
+        for server, _ in self._servers.values():
+            if server.stdin:
+                with contextlib.suppress(OSError):
+                    server.stdin.close()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        self._servers.clear()
+
+
+# --- the server: ``python tests/warm.py SOCKET`` --------------------------------------------------
+
+
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of it
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    waiting: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+    sys.stderr.flush()
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sys.stdin:  # the test process closed it, or ended
+                return
+            if key.fileobj == wake_read:
+                os.read(wake_read, 4096)
+                _reap(waiting)
+                continue
+            connection, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                listener.close()
+                for fd in (wake_read, wake_write):
+                    os.close(fd)
+                for other in waiting.values():
+                    other.close()
+                _become(json.loads(message), fds, connection)  # raises SystemExit, never returns
+            for fd in fds:
+                os.close(fd)
+            connection.sendall(f"{pid}\n".encode())
+            waiting[pid] = connection
+        _reap(waiting)
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        connection = waiting.pop(pid, None)
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.sendall(f"{status}\n".encode())
+            connection.close()
+
+
+def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) -> None:
+    """The child: take the request's place and run its console script as ``__main__``."""
+    import runpy
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    connection.close()
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as a cold `python SCRIPT` has it
+    _reseed_numpy()
+    runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
+
+
+def _reseed_numpy() -> None:
+    """numpy seeds its global generator from the OS at import, once: in the server. Python's
+    ``random`` reseeds itself in a forked child; numpy does not."""
+    import numpy as np
+
+    np.random.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
+    sys.exit(0)
