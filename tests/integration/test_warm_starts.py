@@ -1,0 +1,87 @@
+"""The warm starts the tests use (tests/warm.py) give a process what a cold start gives it: the same
+arguments, environment, working directory, script directory on sys.path, session, output and exit
+status, and the same run of litlab-train, line for line and number for number."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import TINY, WARM, command_env, litlab, run_dirs, summary
+
+PROBE = """
+    import json, os, sys
+    print(json.dumps({
+        "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "seed": os.environ.get("PROBE_SEED"),
+        "session_leader": os.getsid(0) == os.getpid(),
+    }))
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_warm_child_gets_the_arguments_environment_session_and_exit_of_a_cold_process(tmp_path):
+    script = tmp_path / "bin" / "probe"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(PROBE))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = command_env({"PROBE_SEED": "7"})
+    argv = [str(script), "3", "x=1"]
+    cold = subprocess.run(
+        [sys.executable, *argv], env=env, cwd=workdir, capture_output=True, text=True, start_new_session=True
+    )
+    warm = WARM.popen(
+        argv, env, workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    out, err = warm.communicate(timeout=60)
+    assert (warm.returncode, err) == (cold.returncode, cold.stderr) == (3, "to stderr\n")
+    expected = {
+        "argv": argv,
+        "cwd": str(workdir),
+        "path0": str(script.parent),
+        "seed": "7",
+        "session_leader": True,
+    }
+    assert json.loads(out) == json.loads(cold.stdout) == expected
+
+
+def test_a_warm_child_ends_by_a_signal_as_a_cold_process_does(tmp_path):
+    script = tmp_path / "sleeper"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    child = WARM.popen([str(script)], command_env(), tmp_path, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == "up\n"
+    assert child.poll() is None
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    child.stdout.close()
+
+
+def normalized(text: str, log_dir: Path) -> str:
+    """Output without what differs between any two runs: times, run directory suffixes, pids."""
+    text = text.replace(str(log_dir), "<logs>")
+    text = re.sub(r"\d{4}-\d\d-\d\d[ _]\d\d[:-]\d\d[:-]\d\d(?:,\d+)?(?:_[0-9a-f]{6})?", "<time>", text)
+    text = re.sub(r"\d+(?:\.\d+)? (?:samples/s|s per epoch|s\b)", "<seconds>", text)
+    return re.sub(r"pid \d+", "pid <n>", text)
+
+
+def test_litlab_train_started_warm_prints_and_trains_exactly_as_started_cold(tmp_path):
+    outcomes = {}
+    for start in ("cold", "warm"):
+        log_dir = tmp_path / start
+        result = litlab(
+            "litlab-train", "model=mlp", *TINY, env={"LITLAB_LOG_DIR": str(log_dir)}, cold=start == "cold"
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (run,) = run_dirs(log_dir)
+        outcomes[start] = (
+            normalized(result.stdout, log_dir),
+            normalized(result.stderr, log_dir),
+            summary(run)["metrics"],
+        )
+    assert outcomes["warm"] == outcomes["cold"]
