@@ -7,9 +7,10 @@ ARGS ?=
 LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
 PORT ?= 6006
 # pytest-xdist workers for make test / test-fast (one per core, at most 4: DDP tests start 2 ranks each);
-# a test file's tests stay on one worker, so its module fixtures run once.
+# a test file's tests stay on one worker, so its module fixtures run once; files are handed out in
+# collection order, slow files first (tests/conftest.py).
 WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
-PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
+PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
 .PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard
