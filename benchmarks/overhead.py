@@ -56,12 +56,20 @@ class Fits:
         self.run = Run(dir=self.folder, identity="overhead", storage=RunStorage(str(self.folder / "s"), "o"))
         self.data = build_datamodule(cfg, batch_sizes(cfg.data, cfg.trainer).micro)  # loaded once
 
-    def litlab_parts(self) -> tuple[list[Any], Any, list[Any]]:
-        """(callbacks, loggers, plugins) of litlab-train's Trainer, built as litlab-train builds them."""
-        from litlab.run.build import build_callbacks, build_loggers
+    def litlab_parts(self) -> tuple[list[Any], Any, list[Any], Any]:
+        """(callbacks, loggers, plugins, profiler) of litlab-train's Trainer, built as litlab-train
+        builds them (its callbacks partly combined into one, ``litlab.callbacks.combined``)."""
+        from litlab.run.build import NoProfiler, build_callbacks, build_loggers
         from litlab.storage.checkpoints import AtomicCheckpointIO
 
-        return build_callbacks(self.cfg, self.run), build_loggers(self.cfg, self.run), [AtomicCheckpointIO()]
+        callbacks = build_callbacks(self.cfg, self.run)
+        return callbacks, build_loggers(self.cfg, self.run), [AtomicCheckpointIO()], NoProfiler()
+
+    def separate_parts(self) -> list[Any]:
+        """litlab-train's callbacks one by one, as they were before they ran combined."""
+        from litlab.callbacks.combined import parts_of
+
+        return parts_of(self.litlab_parts()[0])
 
     def loggers(self) -> Any:
         from litlab.run.build import build_loggers
@@ -69,7 +77,12 @@ class Fits:
         return build_loggers(self.cfg, self.run)
 
     def fit(
-        self, probe: Any, callbacks: Sequence[Any] = (), logger: Any = False, plugins: Any = None
+        self,
+        probe: Any,
+        callbacks: Sequence[Any] = (),
+        logger: Any = False,
+        plugins: Any = None,
+        profiler: Any = None,
     ) -> None:
         """One fit of a fresh module up to the end of ``probe``'s window."""
         import lightning as L
@@ -84,11 +97,12 @@ class Fits:
             "max_epochs": 1,
             "num_sanity_val_steps": 0,
             "enable_model_summary": False,
+            "profiler": profiler,
         }
         trainer = L.Trainer(
             **trainer_args,
             logger=logger,
-            enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),
+            enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),  # as build_trainer
             enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
             callbacks=[probe, *callbacks],
             default_root_dir=str(self.folder),
@@ -134,20 +148,24 @@ def window_probe(window: tuple[int, int], count_calls: bool) -> Any:
 
 
 def count(case: str, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
-    """Calls per step of bare Lightning, what each part of litlab-train's Trainer adds, and all of it."""
+    """Calls per step of bare Lightning, what each part of litlab-train's Trainer adds on its own
+    (each callback as a callback of its own, as Lightning would dispatch it), and litlab-train's
+    Trainer itself (its callbacks partly combined, ``NoProfiler``)."""
     from lightning.pytorch.callbacks import Callback
+
+    from litlab.run.build import NoProfiler
 
     fits = Fits(case)
 
-    def calls(callbacks: Sequence[Any] = (), logger: Any = False, plugins: Any = None) -> float:
+    def calls(callbacks: Sequence[Any] = (), logger: Any = False, plugins: Any = None, profiler: Any = None):
         probe = window_probe(window, count_calls=True)
-        fits.fit(probe, callbacks, logger, plugins)
+        fits.fit(probe, callbacks, logger, plugins, profiler)
         return probe.calls_per_step
 
     calls(*fits.litlab_parts())  # once before counting: a part's first use in a process imports and caches
-    bare = calls()
+    bare, quiet = calls(), calls(profiler=NoProfiler())
     parts: dict[str, float] = {}
-    for callback in fits.litlab_parts()[0]:
+    for callback in fits.separate_parts():
         name = type(callback).__name__
         # Lightning refuses a LearningRateMonitor without a logger: counted with one, less the logger's.
         logger = fits.loggers() if name == "LearningRateMonitor" else False
@@ -161,6 +179,11 @@ def count(case: str, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
         "parts": parts,
         # What Lightning's dispatch alone costs: a callback with no hook of its own.
         "one_callback_that_does_nothing": calls([Callback()]) - bare,
+        # litlab's profiler (``NoProfiler``), alone and with that callback.
+        "no_profiler": quiet - bare,
+        "one_callback_with_no_profiler": calls([Callback()], profiler=NoProfiler()) - quiet,
+        # Before litlab combined its callbacks and passed NoProfiler.
+        "separate": calls(fits.separate_parts(), *fits.litlab_parts()[1:3]),
         "litlab": calls(*fits.litlab_parts()),
     }
 
@@ -177,7 +200,7 @@ def paired(case: str, repeats: int, window: tuple[int, int] = WINDOW) -> dict[st
         clock: {"bare_lightning": [], "litlab": []} for clock in ("cpu", "wall")
     }
     for repeat in range(repeats + 1):
-        for runner, parts in (("bare_lightning", ((), False, None)), ("litlab", fits.litlab_parts())):
+        for runner, parts in (("bare_lightning", ((), False, None, None)), ("litlab", fits.litlab_parts())):
             probe = window_probe(window, count_calls=False)
             fits.fit(probe, *parts)
             for clock, runs in times.items():
@@ -206,11 +229,19 @@ def markdown(counted: list[dict[str, Any]], timed: list[dict[str, Any]]) -> str:
         ]
         for part in counted[0]["parts"]:
             lines.append(f"| + {part} | " + " | ".join(f"{r['parts'][part]:+.0f}" for r in counted) + " |")
-        nothing = " | ".join(f"{r['one_callback_that_does_nothing']:+.0f}" for r in counted)
-        total = " | ".join(f"{r['litlab']:.0f} (x{r['litlab'] / r['bare_lightning']:.2f})" for r in counted)
+
+        def row(label: str, key: str) -> str:
+            return f"| {label} | " + " | ".join(f"{r[key]:+.0f}" for r in counted) + " |"
+
+        def total(key: str) -> str:
+            return " | ".join(f"{r[key]:.0f} (x{r[key] / r['bare_lightning']:.2f})" for r in counted)
+
         lines += [
-            f"| (+ a callback that does nothing) | {nothing} |",
-            f"| litlab-train's Trainer | {total} |",
+            row("(+ a callback that does nothing)", "one_callback_that_does_nothing"),
+            row("(NoProfiler instead of Lightning's default)", "no_profiler"),
+            row("(+ a callback that does nothing, with NoProfiler)", "one_callback_with_no_profiler"),
+            f"| all parts, each a callback of its own, default profiler | {total('separate')} |",
+            f"| litlab-train's Trainer (combined callbacks, NoProfiler) | {total('litlab')} |",
             "",
         ]
     if timed:

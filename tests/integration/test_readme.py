@@ -12,7 +12,6 @@ import pytest
 
 from tests.conftest import BIN, REPO, TINY, WARM, ok, run_dirs
 
-
 # Tiny runs, and small batches: the README's resnet on 3x32x32 images takes ~1 s a batch of 64 on a CPU.
 SMALL = [*TINY, "data.batch_size=16"]
 

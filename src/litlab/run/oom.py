@@ -93,13 +93,19 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
 
 def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> int:
     """Run Lightning's batch-size finder on a throwaway Trainer and set ``data.batch_size`` to its result."""
+    from lightning.pytorch.callbacks import ProgressBar
     from lightning.pytorch.tuner import Tuner
+
+    from litlab.callbacks.combined import parts_of
 
     tune, initial = cfg.tune, cfg.data.batch_size
     # Every loader, the validation one included, starts at init_val (the finder resizes only the ones
     # it resets, so a loader made at the configured size could fail the first trial on its own).
     cfg.data.batch_size = tune.init_val
     trainer, module, data = build(cfg, run)
+    for callback in parts_of(trainer.callbacks):  # no progress lines for the trials (Lightning's tuner
+        if isinstance(callback, ProgressBar):  # silences only the progress bar it finds by type)
+            callback.disable()
     with run.recording_failure(cfg, trainer):
         found = Tuner(trainer).scale_batch_size(
             module,

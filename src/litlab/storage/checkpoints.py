@@ -18,6 +18,7 @@ line naming the storage, the file and the cause.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -30,7 +31,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -58,7 +59,7 @@ def run_checkpoints(
     callbacks: list[Callback] = []
     if save_top_k != 0 and every_n_epochs:
         callbacks.append(
-            ModelCheckpoint(
+            EpochCheckpoint(
                 **common,
                 filename=filename,
                 monitor=monitor,
@@ -90,7 +91,23 @@ def run_checkpoints(
     return callbacks
 
 
-class LastCheckpoint(ModelCheckpoint):
+class EpochCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, which looks at its step and time triggers after every training
+    batch; with neither (``every_n_train_steps``, ``train_time_interval``) it has nothing to look at
+    there, and skips the ~30 Python calls a step that cost (Lightning returns after them too)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._every_n_train_steps < 1 and self._train_time_interval is None:
+            return
+        super().on_train_batch_end(trainer, pl_module, *args)
+
+    @functools.cached_property
+    def state_key(self) -> str:
+        # Lightning formats it at every hook it hands over; it names settings fixed at construction.
+        return super().state_key
+
+
+class LastCheckpoint(EpochCheckpoint):
     """Keeps ``last.ckpt`` (no monitor, one file). With ``final``, it also writes the final state when
     training ends between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``), so last.ckpt is
     always the state training ended in."""
@@ -146,7 +163,7 @@ class StepCheckpoint(LastCheckpoint):
         super().on_train_batch_end(trainer, pl_module, *args)
 
 
-class PreemptionCheckpoint(Checkpoint):
+class PreemptionCheckpoint(Callback):
     """Saves ``<dirpath>/<filename>.ckpt`` when the process receives SIGTERM, then lets it exit.
 
     Lightning raises SIGTERMException between two batches, so the state saved here is consistent.
@@ -154,7 +171,9 @@ class PreemptionCheckpoint(Checkpoint):
     should resume from its last regular checkpoint, not from a half-updated state. Written instead of
     using Lightning's OnExceptionCheckpoint because that one saves on every exception and, merely by
     being present, turns ``fit(ckpt_path=None)`` into a silent resume from the newest ``last*.ckpt``,
-    which would override litlab's resume decision (``resume=never``, a corrupt file skipped).
+    which would override litlab's resume decision (``resume=never``, a corrupt file skipped). A plain
+    Callback, not a Checkpoint: Lightning looks for those by type (``trainer.checkpoint_callback``,
+    "best"), and litlab runs plain ones combined (``litlab.callbacks.combined``).
     """
 
     def __init__(self, dirpath: str, filename: str = PREEMPTED) -> None:
