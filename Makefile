@@ -36,9 +36,9 @@ test: $(SETUP) ## Run the whole test suite (DDP, sweeps and resume included)
 test-fast: $(SETUP) ## Run the in-process unit tests (tests/unit, the inner loop: under 2 minutes)
 	$(PYTEST) tests/unit $(ARGS)
 
-coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; over an hour on 2 cores)
+coverage: $(SETUP) ## Run the suite under coverage.py, child processes included (report: htmlcov/; ~25 min on 2 cores)
 	rm -f .coverage .coverage.*
-	$(PYTHON) -m coverage run -m pytest $(ARGS); status=$$?; \
+	$(PYTHON) -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS); status=$$?; \
 	$(PYTHON) -m coverage combine --quiet && $(PYTHON) -m coverage report && $(PYTHON) -m coverage html --quiet \
 	&& $(PYTHON) -m coverage json --quiet --include='src/litlab/*' -o htmlcov/engine.json \
 	&& $(PYTHON) -c 'import json; t = json.load(open("htmlcov/engine.json"))["totals"]; \

@@ -607,8 +607,9 @@ def probe(out: Path, device: str, size: int, max_batch: int) -> None:
     on_cuda = device.startswith("cuda")
     usable = 0.9 * torch.cuda.get_device_properties(device).total_memory if on_cuda else None
     sample_bytes = 4 * math.prod(shape)
-    batch, chosen, peaks = 8, 8, {}
+    batch, chosen, peaks, tried = 8, 8, {}, []
     while batch <= max_batch:
+        tried.append(batch)
         try:
             if on_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -632,6 +633,7 @@ def probe(out: Path, device: str, size: int, max_batch: int) -> None:
     result = {
         "max_batch": chosen,
         "tried_up_to": max_batch,
+        "tried": tried,
         "flops_per_sample": flops_per_sample,
         "probe_peak_mib": {b: round(p / 2**20) for b, p in peaks.items()},
         "device_mib": round(usable / 0.9 / 2**20) if usable else None,

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import Callback
 
 from litlab.logs import global_rank
 from project.vision.data import DigitsDataModule
+from project.vision.module import ImageClassifier
 from project.vision.nets import MLP
 
 
@@ -170,6 +171,44 @@ class MLPFailingOnOneRank(MLP):
                     )
                 raise RuntimeError(f"injected failure on rank {global_rank()}")
         return super().forward(x)
+
+
+class ClassifierWithANanLossOnOneRank(ImageClassifier):
+    """The image classifier whose training loss is nan on one rank at one step, as
+    $LITLAB_TEST_NAN_AT says (``<rank>:<global step>``), while every gradient stays finite (the nan
+    is added to the loss, not through the graph): only that rank can see it, so the ranks skip or
+    stop together only if they decide together. Writes each rank's final weights to
+    ``$LITLAB_TEST_REPORT.rank<N>.pt``."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        rank, step = (int(v) for v in os.environ["LITLAB_TEST_NAN_AT"].split(":"))
+        if global_rank() == rank and self.global_step == step:
+            return loss + torch.tensor(float("nan"), device=loss.device)
+        return loss
+
+    def on_train_end(self) -> None:
+        torch.save(self.state_dict(), f"{os.environ['LITLAB_TEST_REPORT']}.rank{global_rank()}.pt")
+
+
+class MeetAtTrainStart(Callback):
+    """Waits at the start of training until ``n`` runs have arrived, as $LITLAB_TEST_MEET says
+    (``<folder>:<n>``): each leaves a file in the folder. Runs that do not run at the same time never
+    all arrive, and the first one fails after ``MEET_S``: how a test tells that jobs overlapped
+    without comparing times."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        folder, n = os.environ["LITLAB_TEST_MEET"].rsplit(":", 1)
+        with open(os.path.join(folder, str(os.getpid())), "w"):
+            pass
+        deadline = time.monotonic() + MEET_S
+        while len(os.listdir(folder)) < int(n):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tests.faults: {len(os.listdir(folder))} of {n} runs met in {MEET_S} s")
+            time.sleep(0.05)
+
+
+MEET_S = 120
 
 
 # --- exact stopping points for resume tests ------------------------------------------------------

@@ -148,8 +148,15 @@ def test_speed_options_are_valid_train_configs(option: str, tmp_path: Path):
         [*overrides, *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10)]
     )
     check_train_config(cfg, [])
-    key, value = option.split("=")
-    assert str(OmegaConf.select(cfg, key)).lower() == value
+    # An option the bench measures changes what the default run does.
+    default = bench.compose_train_config(
+        [
+            *bench.STEP_CASES[settings.options_case],
+            *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10),
+        ]
+    )
+    key = option.split("=")[0]
+    assert OmegaConf.select(cfg, key) != OmegaConf.select(default, key)
 
 
 def test_speedups_and_memory_are_relative_to_fp32_of_the_same_input_and_accumulation():
@@ -193,6 +200,15 @@ def test_probe_counts_resnet_flops_per_sample(tmp_path: Path):
     # resnet18 at 224x224: ~1.8 GMAC forward, so forward + backward ~ 3 x 3.6 GFLOP.
     assert 9e9 < result["flops_per_sample"] < 12e9
     assert result["max_batch"] == 8
+
+
+def test_probe_doubles_the_batch_while_a_training_step_fits_up_to_its_cap(tmp_path: Path):
+    # On a CPU every batch fits: the probe doubles from 8 and stops at its cap (on CUDA also at
+    # out-of-memory, or where the peak leaves no room for the data).
+    out = tmp_path / "probe.json"
+    bench.probe(out, "cpu", 32, max_batch=20)
+    result = json.loads(out.read_text())
+    assert (result["tried"], result["max_batch"], result["tried_up_to"]) == ([8, 16], 16, 20)
 
 
 def test_bad_sections_and_cases_are_refused_with_the_allowed_ones(capsys):

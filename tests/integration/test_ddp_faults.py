@@ -20,9 +20,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from litlab.storage.resume import load_point
-from tests.conftest import FAULTS_IMPORTABLE, TEST_SEED, litlab, ok, run_dirs, summary
+from tests.conftest import FAULTS_IMPORTABLE, TEST_SEED, TINY, litlab, ok, run_dirs, summary
 from tests.integration.test_resume import (
     ARGS,
     CHECKPOINT_EVERY,
@@ -176,3 +177,17 @@ def test_auto_shrink_under_ddp_shrinks_every_rank_together(tmp_path):
     sizes = (outcome["micro_batch_size"], outcome["accumulate_grad_batches"], outcome["effective_batch_size"])
     assert sizes == (32, 2, 128)
     assert outcome["world"]["optimizer_steps_per_rank"] == [8, 8]  # both ranks trained, in step
+
+
+def test_a_nan_loss_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    # Rank 1's loss is nan at step 3 with every gradient finite: only rank 1 sees it. Had rank 0 taken
+    # the step that rank 1 dropped, their weights would differ after it.
+    report = tmp_path / "weights"
+    env = env_for(tmp_path / "logs", LITLAB_TEST_NAN_AT="1:3", LITLAB_TEST_REPORT=str(report))
+    nan = ["model._target_=tests.faults.ClassifierWithANanLossOnOneRank", "on_nonfinite=skip"]
+    tiny = [t for t in TINY if not t.startswith("trainer.limit_train_batches")]
+    ok(litlab("litlab-train", *TWO_RANKS, *nan, *tiny, "trainer.limit_train_batches=6", env=env))
+    (run,) = run_dirs(tmp_path / "logs")
+    assert summary(run)["nonfinite"]["skipped_at_steps"] == [3]
+    rank_0, rank_1 = (torch.load(f"{report}.rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert rank_0.keys() == rank_1.keys() and all(torch.equal(rank_0[k], rank_1[k]) for k in rank_0)

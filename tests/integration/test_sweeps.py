@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY, litlab, ok
+from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok
 
 # Enough batches for a steady-state throughput (RunStats skips 5 warm-up batches); the MLP keeps
 # bf16 on CPU (slow for convolutions) quick.
@@ -26,12 +26,12 @@ SWEEP_TINY = [t for t in TINY if not t.startswith("trainer.limit_train_batches")
 RANK_LINE = re.compile(r"\[rank (\d+)\]\[litlab\]\[INFO\] run (\S+) in ")
 
 
-def sweep(tmp_path: Path, *args: str, expect_ok: bool = True):
+def sweep(tmp_path: Path, *args: str, expect_ok: bool = True, env: dict[str, str] | None = None):
     """Run ``litlab-train`` (a multirun) with a private log folder; returns (result, sweep dir)."""
     log_dir = tmp_path / "logs"
     # One torch thread per process: these tests start several processes on 2 cores, where more
     # threads only contend (README, "joblib").
-    env = {"LITLAB_LOG_DIR": str(log_dir), "OMP_NUM_THREADS": "1"}
+    env = {"LITLAB_LOG_DIR": str(log_dir), "OMP_NUM_THREADS": "1", **(env or {})}
     result = litlab("litlab-train", *args, env=env, timeout=480)
     if expect_ok:
         ok(result)
@@ -62,16 +62,30 @@ def close(value: str, expected: float) -> bool:
     return math.isclose(float(value), expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def meeting(tmp_path: Path, runs: int) -> tuple[str, dict[str, str]]:
+    """The override and environment that make each job wait at train start until ``runs`` jobs
+    have arrived (tests.faults.MeetAtTrainStart), and the folder where they meet."""
+    folder = tmp_path / "meeting"
+    folder.mkdir()
+    env = {**FAULTS_IMPORTABLE, "LITLAB_TEST_MEET": f"{folder}:{runs}"}
+    return "+callbacks.meet._target_=tests.faults.MeetAtTrainStart", env
+
+
 @pytest.fixture(scope="module")
 def grid_sweep(tmp_path_factory) -> Path:
-    """The sweep file with both axes replaced: precision {fp32, bf16} x accumulation {1, 2}."""
+    """The sweep file with both axes replaced: precision {fp32, bf16} x accumulation {1, 2}. With the
+    joblib sweep's meeting callback, each job meeting only itself: the two sweeps have the same
+    settings, for litlab-compare."""
     tmp_path = tmp_path_factory.mktemp("grid")
+    meet, env = meeting(tmp_path, runs=1)
     _, sweep_dir = sweep(
         tmp_path,
         "sweep=precision_accumulation",
         "precision=fp32,bf16",
         "trainer.accumulate_grad_batches=1,2",
+        meet,
         *SWEEP_TINY,
+        env=env,
     )
     return sweep_dir
 
@@ -79,13 +93,16 @@ def grid_sweep(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def joblib_sweep(tmp_path_factory) -> tuple[str, Path]:
     tmp_path = tmp_path_factory.mktemp("joblib")
+    meet, env = meeting(tmp_path, runs=2)  # both jobs wait for each other at train start
     result, sweep_dir = sweep(
         tmp_path,
         "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         "trainer.accumulate_grad_batches=1,2",
+        meet,
         *SWEEP_TINY,
+        env=env,
     )
     return result.stdout, sweep_dir
 
@@ -156,16 +173,12 @@ def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_pat
 def test_joblib_launcher_runs_jobs_at_the_same_time(joblib_sweep):
     stdout, sweep_dir = joblib_sweep
     assert "Joblib.Parallel(n_jobs=2" in stdout
-    first, second = job_dirs(sweep_dir)
-
-    def span(job: Path) -> tuple[int, int]:
-        # Hydra writes .hydra/ when the job starts (before its imports), litlab summary.json at its end.
+    # Each job waited at train start until both had arrived (tests.faults.MeetAtTrainStart): had
+    # joblib run them one after the other, the first would have failed waiting.
+    for job in job_dirs(sweep_dir):
         assert len(rank_lines(job)) == 1  # one process trained here, and only this job's lines
-        return (job / ".hydra" / "config.yaml").stat().st_mtime_ns, (job / "summary.json").stat().st_mtime_ns
-
-    (start_a, end_a), (start_b, end_b) = span(first), span(second)
-    assert start_a < end_b and start_b < end_a  # each job began before the other ended
     assert [r["status"] for r in report_rows(sweep_dir)] == ["completed", "completed"]
+    assert len(list((sweep_dir.parents[3] / "meeting").iterdir())) == 2  # two processes met
 
 
 @pytest.mark.slow

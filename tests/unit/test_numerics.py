@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import re
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.errors import LitlabError
 from tests.conftest import TINY, train_in_process
 
@@ -90,3 +93,58 @@ def test_gradient_clipping_keeps_the_exploding_run_finite(tmp_path):
     assert outcome["global_step"] == 9
     assert outcome["metrics"]["val/loss"] < 10  # finite and sane, where unclipped it is nan
     assert outcome["metrics"]["val/acc"] > 0.2  # and it learned (chance is 0.1)
+
+
+class BatchNormNet(L.LightningModule):
+    """Batch norm then a linear layer; the loss of global step ``bad_step`` is nan (after the forward
+    pass that updated the running statistics, as a real overflow would come)."""
+
+    def __init__(self, bad_step: int) -> None:
+        super().__init__()
+        self.norm, self.layer, self.bad_step = torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1), bad_step
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss = self.layer(self.norm(x)).pow(2).mean()
+        return loss * float("nan") if self.global_step == self.bad_step else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(32, 4) * 3 + 1)
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+class Buffers(Callback):
+    """The batch-norm statistics at each step's start (before the guard's copy) and end, by step."""
+
+    def __init__(self) -> None:
+        self.start: dict[int, dict] = {}
+        self.end: dict[int, dict] = {}
+
+    @staticmethod
+    def _copy(module) -> dict:
+        return {name: b.clone() for name, b in module.norm.named_buffers() if b.is_floating_point()}
+
+    def on_train_batch_start(self, trainer, module, *args) -> None:
+        self.start[trainer.global_step] = self._copy(module)
+
+    def on_train_batch_end(self, trainer, module, *args) -> None:
+        self.end[trainer.global_step - 1] = self._copy(module)
+
+
+def test_a_skipped_steps_batch_norm_statistics_are_put_back(tmp_path):
+    guard, buffers = NonFiniteLossGuard("skip"), Buffers()
+    trainer = L.Trainer(
+        max_steps=4, callbacks=[guard, buffers], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(BatchNormNet(bad_step=2))
+    assert guard.report["skipped_at_steps"] == [2]
+    # global_step still advances on a skipped step; steps 0, 1, 3 moved the statistics, step 2 did not.
+    for step in range(4):
+        moved = any(
+            not torch.equal(buffers.start[step][k], buffers.end[step][k]) for k in buffers.start[step]
+        )
+        assert moved == (step != 2), step
