@@ -77,12 +77,13 @@ class CombinedCallbacks(Callback):
 
     def __init__(self, parts: Sequence[Callback]) -> None:
         self.parts = list(parts)
-        self._stateful = [part for part in self.parts if is_overridden("state_dict", part, parent=Callback)]
+        self._stateful = [part for part in self.parts if is_overridden("state_dict", part, Callback)]
         keys = [part.state_key for part in self._stateful]
         if len(set(keys)) != len(keys):
             raise RuntimeError(f"callbacks with the same state key cannot be combined: {keys}")
         self._calls: dict[str, tuple[Callable[..., Any], ...]] = {
-            hook: tuple(getattr(part, hook) for part in self.parts if _defines(part, hook)) for hook in HOOKS
+            hook: tuple(getattr(part, hook) for part in self.parts if is_overridden(hook, part, Callback))
+            for hook in HOOKS
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -102,10 +103,6 @@ class CombinedCallbacks(Callback):
             self.load_state_dict({key: value for key, value in states.items() if isinstance(key, str)})
         for call in self._calls["on_load_checkpoint"]:
             call(trainer, pl_module, checkpoint)
-
-
-def _defines(part: Callback, hook: str) -> bool:
-    return getattr(type(part), hook) is not getattr(Callback, hook)
 
 
 def _forwarder(hook: str) -> Callable[..., None]:

@@ -58,10 +58,9 @@ class WorldCheck(Callback):
             raise WorldMismatch(world_problem(trainer.world_size, members, []))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         members = process_group_size()
         steps = torch.tensor([trainer.global_step], device=trainer.strategy.root_device)
-        if distributed:
+        if members > 1:
             steps = trainer.strategy.all_gather(steps)  # every member takes part, so none waits
         steps_per_rank = [int(s) for s in steps.reshape(-1).tolist()]
         self.report.update(
