@@ -78,6 +78,17 @@ def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
     assert "[rank 0]" in train_log and "[rank 1]" in train_log
 
 
+@pytest.mark.slow
+def test_compile_true_trains_with_two_ddp_ranks(log_dir):
+    # Under DDP, Lightning calls the steps through the module's forward (its forward redirection):
+    # compiling the module's call, or the steps, traces the metrics' code in them.
+    ok(litlab("litlab-train", "compile=true", "model=mlp", "trainer.devices=2", "strategy=ddp", *TINY))
+    (run,) = run_dirs(log_dir)
+    result = summary(run)
+    assert (result["status"], result["world_size"], result["global_step"]) == ("completed", 2, 4)
+    assert "test/acc" in result["metrics"]
+
+
 def epoch_metrics(run: Path) -> dict[str, float]:
     """The first epoch's train/loss and train/acc from the run's CSV log."""
     rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))

@@ -40,3 +40,17 @@ def test_a_train_loader_that_cannot_restore_its_position_is_reported_not_claimed
     engine_loader = run_in_process(tmp_path / "tensors", *TINY)  # TensorBatches
     assert engine_loader["resume_exact"] is True
     assert not [r for r in caplog.records if "resume is not exact" in r.getMessage()]
+
+
+def test_compile_true_trains_the_compiled_forward_and_checkpoints_plain_weights(tmp_path):
+    # Both example modules compute their metrics in their steps (torchmetrics, self.log): compile=true
+    # must compile the module's forward, which holds the network, and leave the steps eager.
+    import torch
+    from torch._dynamo.utils import counters
+
+    compiled_before = counters["stats"]["unique_graphs"]
+    summary = run_in_process(tmp_path, "compile=true", "model=mlp", *TINY)
+    assert summary["status"] == "completed" and summary["global_step"] == 4, summary
+    assert counters["stats"]["unique_graphs"] > compiled_before  # torch.compile made a graph
+    weights = torch.load(summary["checkpoints"]["last"], weights_only=True)["state_dict"]
+    assert weights and not any("_orig_mod" in key for key in weights), sorted(weights)

@@ -169,7 +169,7 @@ class TrainConfig:
     run_name: str | None = MISSING
     resume: str = MISSING  # auto, never, or the path/URL of a checkpoint
     seed: int = MISSING
-    compile: bool = MISSING  # torch.compile the LightningModule
+    compile: bool = MISSING  # torch.compile the LightningModule's forward
     test_after_fit: bool = MISSING
     optimized_metric: str = MISSING
     optimized_metric_mode: str = MISSING  # min or max

@@ -104,8 +104,9 @@ def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataM
 
 
 def build_module(cfg: DictConfig) -> L.LightningModule:
-    """Your ``model._target_``, with its optimizer and scheduler partials as the config wires them,
-    compiled with torch.compile when ``compile=true``."""
+    """Your ``model._target_``, with its optimizer and scheduler partials as the config wires them;
+    with ``compile=true``, its ``forward`` compiled: the steps that call ``self(...)`` run the
+    compiled network."""
     module = _instantiate("model", cfg.model)
     if not isinstance(module, L.LightningModule):
         raise LitlabError(
@@ -115,7 +116,12 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
     if cfg.compile:
         import torch
 
-        return torch.compile(module)  # Lightning unwraps it and compiles the module's forward
+        # Not torch.compile(module): Lightning then compiles every step method too, with the metrics
+        # and self.log calls in them (torch 2.14's dynamo fails inside torchmetrics' lazy package
+        # checks: InternalTorchDynamoError, PackageNotFoundError: torch_xla). Nor module.compile():
+        # under DDP, Lightning calls the steps through the module's call, which that compiles. The
+        # forward, compiled as Lightning compiles it, keeps the weights' names (no ``_orig_mod.``).
+        module.forward = torch.compile(module.forward)
     return module
 
 
