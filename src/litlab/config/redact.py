@@ -1,0 +1,206 @@
+"""Credentials stay in the environment: the copy of a config that litlab writes, stores or logs.
+
+A run resolves its config as usual and uses the real values. Every config that leaves the process
+(the stored ``config.yaml``, the config every checkpoint carries, the loggers' parameters, the module's
+hyperparameters) is ``redact(cfg)`` instead, in which:
+
+- a value that came from the environment through ``oc.env`` (directly, or through another key that
+  did: ``${paths.log_dir}/storage`` when ``paths.log_dir`` is ``${oc.env:...}``) appears as its
+  interpolation text, e.g. ``${oc.env:MLFLOW_TRACKING_URI}``; ``litlab-eval`` resolves it again from
+  its own environment;
+- the user-info part of any URL (``http://alice:pw@host``) is ``***`` (``http://***@host``);
+- the value of a key that names a credential is ``***``, in any group: a key containing ``password``,
+  ``passwd``, ``secret``, ``credential``, ``api_key``/``apikey``, ``access_key``/``accesskey``, or a
+  word ending in ``token`` (``token``, ``hf_token``, ``authtoken``; not ``max_tokens`` or
+  ``tokenizer``), in any case, camelCase or with ``-``. A credential key set to exactly
+  ``${oc.env:NAME}`` keeps that text: it holds no secret, and evaluation can resolve it again.
+
+Command-line overrides (summary.json's ``overrides``, a sweep job's command) are text, not values:
+``redact_overrides`` applies the last two rules to them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+REDACTED = "***"
+
+# A URL's user-info: what lies between "scheme://" and "@" before the host.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#]+)@")
+_READS_ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
+_PURE_ENV_REFERENCE = re.compile(r"^\$\{oc\.env:\s*[A-Za-z_][A-Za-z0-9_]*\s*\}$")
+# On the key in snake_case: substrings for the unambiguous names, a word ending in "token" for tokens.
+_CREDENTIAL_KEY = re.compile(
+    r"password|passwd|secret|credential|api_?key|access_?key|(?:^|_)[a-z0-9]*token(?:_|$)"
+)
+# Stands for an environment value while finding which values depend on one (no config text has it).
+_ENV_MARK = "\x00litlab-environment\x00"
+
+
+def is_credential_key(key: Any) -> bool:
+    """Whether a config key names a credential (see the module docstring for the names)."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(key)).lower().replace("-", "_")
+    return bool(_CREDENTIAL_KEY.search(snake))
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the user-info of every URL in it replaced by ``***``."""
+    return _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+
+
+def url_without_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``(url without user-info, username, password)``, the last two percent-decoded (None: absent)."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    username, has_password, password = userinfo.partition(":")
+    bare = urlunsplit(parts._replace(netloc=host))
+    return bare, unquote(username), unquote(password) if has_password else None
+
+
+def redact(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as a plain dict, redacted for writing and logging (module docstring)."""
+    return Redaction.of(cfg).config
+
+
+class Redaction:
+    """A config's redacted form, and what it needs to redact the values a module was built from."""
+
+    def __init__(self, config: dict[str, Any], environment_values: dict[str, str]) -> None:
+        self.config = config
+        # Resolved string values that came from the environment -> the interpolation text written instead.
+        self.environment_values = environment_values
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Redaction:
+        resolved = OmegaConf.to_container(cfg, resolve=True)  # what the run uses
+        text = OmegaConf.to_container(cfg, resolve=False)  # the config as written, interpolations and all
+        from_environment = _environment_paths(text)
+        environment_values: dict[str, str] = {}
+        config = _redact_config(resolved, text, from_environment, (), environment_values)
+        return cls(config, environment_values)
+
+    def values(self, value: Any) -> Any:
+        """A module's or datamodule's hyperparameters (built from resolved values), redacted: a string
+        that is a value from the environment becomes its interpolation text; URL user-info and the
+        values of credential keys become ``***``."""
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, Mapping):
+            items = {
+                k: REDACTED if is_credential_key(k) and v is not None else self.values(v) for k, v in value.items()
+            }
+            try:
+                return type(value)(items)  # Lightning's AttributeDict stays one
+            except TypeError:
+                return items
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.values(v) for v in value)
+        if isinstance(value, str):
+            return redact_text(self.environment_values.get(value, value))
+        return value
+
+
+def redact_overrides(overrides: list[str]) -> list[str]:
+    """Command-line overrides (``key=value``) as they may be written or logged: the value of a
+    credential key is ``***`` (unless it is exactly ``${oc.env:NAME}``), URL user-info is ``***``."""
+    return [_redact_override(override) for override in overrides]
+
+
+def _redact_override(override: str) -> str:
+    key, equals, value = override.partition("=")
+    name = key.lstrip("+~").split("@", 1)[0].rsplit(".", 1)[-1]
+    if equals and is_credential_key(name) and value and not _PURE_ENV_REFERENCE.match(value.strip("'\"")):
+        return f"{key}={REDACTED}"
+    return redact_text(override)
+
+
+def _environment_paths(text: Any) -> set[tuple]:
+    """Paths of the config's values that depend on the environment: their interpolation reads
+    ``oc.env``, or resolves to something that did. Found by resolving a copy in which every ``oc.env``
+    interpolation is a mark; a value that fails to resolve in that copy counts as one (kept as text)."""
+    interpolated = [path for path, value in _leaves(text) if isinstance(value, str) and "${" in value]
+    if not interpolated:
+        return set()
+    marked = OmegaConf.create(_mark_environment(text))
+    found = set()
+    for path in interpolated:
+        try:
+            node: Any = marked
+            for key in path[:-1]:
+                node = node[key]
+            value = node[path[-1]]
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # noqa: BLE001 - any resolution error: keep the text, never the value
+            found.add(path)
+            continue
+        if any(isinstance(v, str) and _ENV_MARK in v for _, v in _leaves(value)):
+            found.add(path)
+    return found
+
+
+def _mark_environment(text: Any) -> Any:
+    if isinstance(text, dict):
+        return {k: _mark_environment(v) for k, v in text.items()}
+    if isinstance(text, list):
+        return [_mark_environment(v) for v in text]
+    if isinstance(text, str) and _READS_ENVIRONMENT.search(text):
+        return _ENV_MARK
+    return text
+
+
+def _leaves(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, (*path, k))]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, (*path, i))]
+    return [(path, value)]
+
+
+def _redact_config(
+    resolved: Any, text: Any, from_environment: set[tuple], path: tuple, environment_values: dict[str, str]
+) -> Any:
+    if path and is_credential_key(path[-1]) and resolved is not None:
+        if isinstance(text, str) and _PURE_ENV_REFERENCE.match(text):
+            _remember(resolved, text, environment_values)
+            return text
+        return REDACTED
+    if path in from_environment:
+        _remember(resolved, text, environment_values)
+        return redact_text(text)
+    if isinstance(resolved, dict):
+        return {
+            k: _redact_config(v, _child(text, k), from_environment, (*path, k), environment_values)
+            for k, v in resolved.items()
+        }
+    if isinstance(resolved, list):
+        return [
+            _redact_config(v, _child(text, i), from_environment, (*path, i), environment_values)
+            for i, v in enumerate(resolved)
+        ]
+    if isinstance(resolved, str):
+        return redact_text(resolved)
+    return resolved
+
+
+def _child(text: Any, key: Any) -> Any:
+    """The config text under ``key``; None where the text is an interpolation of the whole container."""
+    if isinstance(text, dict):
+        return text.get(key)
+    if isinstance(text, list) and isinstance(key, int) and key < len(text):
+        return text[key]
+    return None
+
+
+def _remember(resolved: Any, text: str, environment_values: dict[str, str]) -> None:
+    # A container's own values from the environment are remembered at their own paths.
+    if isinstance(resolved, str) and resolved:
+        environment_values[resolved] = text
