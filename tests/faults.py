@@ -92,6 +92,23 @@ class DigitsInALeftoverProcessGroup(DigitsDataModule):
             torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)
 
 
+class DigitsFromAService(DigitsDataModule):
+    """The digits, as if fetched from a service that needs a token: it takes the token and a header
+    built from it (``${oc.env:...}`` in the config), records them with ``save_hyperparameters`` (which
+    Lightning logs to every logger and stores in checkpoints), and fails unless it got the real values
+    from ``SERVICE_TOKEN_ENV``: what is written is redacted, what runs is not."""
+
+    def __init__(self, *args, service_token: str, service_header: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        real = os.environ[SERVICE_TOKEN_ENV]
+        if (service_token, service_header) != (real, f"Bearer-{real}"):
+            raise ValueError(f"built with a redacted token: {service_token!r}, {service_header!r}")
+        self.save_hyperparameters()
+
+
+SERVICE_TOKEN_ENV = "LITLAB_TEST_SERVICE_TOKEN"
+
+
 class DigitsServedSlowly(DigitsDataModule):
     """The digits with a train loader that takes 100 ms to hand out each batch, as a slow disk or an
     image decoder on too few workers would: an input-bound run."""

@@ -1,7 +1,9 @@
 """``litlab-eval ckpt_path=PATH``: test a checkpoint on the test split of the data it was trained on.
 
 The module and datamodule are rebuilt from the run config that every litlab checkpoint carries
-(``litlab.storage.checkpoints.RunConfigInCheckpoint``), for any task; the checkpoint is loaded
+(``litlab.storage.checkpoints.RunConfigInCheckpoint``), for any task; values it holds redacted
+(``litlab.config.redact``: those from the environment, as their interpolations) are resolved again
+from this process's environment; the checkpoint is loaded
 with torch's safe ``weights_only=True``. Writes ``eval.json`` in its own run directory and returns
 the test twin of the run's ``optimized_metric``.
 """
@@ -36,6 +38,7 @@ def evaluate(cfg: DictConfig) -> float | None:
     from omegaconf import OmegaConf
 
     from litlab.callbacks.progress import progress_bar
+    from litlab.config.redact import unresolvable
     from litlab.errors import LitlabError, check_gpus_available, one_line_errors
     from litlab.logs import route_lightning_logs_to_root
     from litlab.run.build import build_datamodule, build_module
@@ -50,6 +53,11 @@ def evaluate(cfg: DictConfig) -> float | None:
         checkpoint = read_run_checkpoint(cfg.ckpt_path)
         stored = checkpoint[RUN_CONFIG_KEY]
         train_cfg = OmegaConf.create(stored["config"])
+        # A checkpoint stores values from the environment as their interpolations (litlab.config.redact):
+        # they resolve here, from this process's environment; one line names any that cannot.
+        problem = unresolvable(train_cfg, ("data", "model", "precision"))
+        if problem is not None:
+            raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
         data = build_datamodule(train_cfg, train_cfg.data.batch_size)
         module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
         check_gpus_available(cfg, prefix="")

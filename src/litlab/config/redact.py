@@ -95,7 +95,8 @@ class Redaction:
             value = OmegaConf.to_container(value, resolve=True)
         if isinstance(value, Mapping):
             items = {
-                k: REDACTED if is_credential_key(k) and v is not None else self.values(v) for k, v in value.items()
+                k: REDACTED if is_credential_key(k) and v is not None else self.values(v)
+                for k, v in value.items()
             }
             try:
                 return type(value)(items)  # Lightning's AttributeDict stays one
@@ -108,10 +109,50 @@ class Redaction:
         return value
 
 
+def typed_overrides(overrides: Any) -> list[str]:
+    """Hydra's record of the command line's overrides (``HydraConfig.get().overrides.task``) as they
+    were typed. Iterating it resolves each one like a config value: ``key=${oc.env:TOKEN}`` would
+    come out holding the token."""
+    if isinstance(overrides, ListConfig):
+        return [str(o) for o in OmegaConf.to_container(overrides, resolve=False)]
+    return [str(o) for o in overrides]
+
+
 def redact_overrides(overrides: list[str]) -> list[str]:
     """Command-line overrides (``key=value``) as they may be written or logged: the value of a
     credential key is ``***`` (unless it is exactly ``${oc.env:NAME}``), URL user-info is ``***``."""
     return [_redact_override(override) for override in overrides]
+
+
+def redact_command(command: str | list[str]) -> str | list[str]:
+    """A command line (a sweep job's child command: a list, or a string as a shell reads it) with its
+    ``key=value`` arguments redacted as ``redact_overrides`` does."""
+    if isinstance(command, str):
+        import shlex
+
+        try:
+            return shlex.join(redact_overrides(shlex.split(command)))
+        except ValueError:  # not shell syntax: at least no URL user-info
+            return redact_text(command)
+    return redact_overrides(list(command))
+
+
+def redact_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's fields as written: the overrides and a sweep job's command redacted, and no URL
+    user-info in any text (an error message, the storage folder's URL)."""
+    summary = {**summary, "overrides": redact_overrides(list(summary.get("overrides") or []))}
+    sweep = summary.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("command"):
+        summary["sweep"] = {**sweep, "command": redact_command(sweep["command"])}
+    return _redact_strings(summary)
+
+
+def _redact_strings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _redact_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_strings(v) for v in value]
+    return redact_text(value) if isinstance(value, str) else value
 
 
 def _redact_override(override: str) -> str:
@@ -204,3 +245,32 @@ def _remember(resolved: Any, text: str, environment_values: dict[str, str]) -> N
     # A container's own values from the environment are remembered at their own paths.
     if isinstance(resolved, str) and resolved:
         environment_values[resolved] = text
+
+
+def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
+    """Why a config stored redacted (a checkpoint's) cannot be used again where it must: the first
+    value of ``sections`` whose interpolation fails to resolve in this process's environment, or that
+    was redacted to ``***``; None when every value resolves."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    for section in sections:
+        if section not in config:
+            continue
+        text = OmegaConf.to_container(config[section], resolve=False)
+        for path, written in _leaves(text, (section,)):
+            key = ".".join(str(k) for k in path)
+            try:
+                value = OmegaConf.select(config, key, throw_on_resolution_failure=True)
+            except OmegaConfBaseException as error:
+                cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                return (
+                    f"{key} is stored as {written} (a value from the environment is not written into "
+                    f"checkpoints) and cannot be resolved here ({cause}): set it in this environment"
+                )
+            if isinstance(value, str) and (value == REDACTED or f"://{REDACTED}@" in value):
+                return (
+                    f"{key} was redacted to {value} when the checkpoint was written (it names a "
+                    "credential), and a redacted value cannot be resolved again: give it through the "
+                    "environment in the training config (${oc.env:NAME}) so that it can be"
+                )
+    return None

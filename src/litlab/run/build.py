@@ -36,6 +36,7 @@ from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
+from litlab.config.redact import Redaction
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
@@ -43,7 +44,7 @@ from litlab.launch.multirun import sweep_job
 from litlab.launch.ranks import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
-from litlab.run.loggers import check_wandb_login, grouping_arguments, missing_package
+from litlab.run.loggers import check_wandb_login, credential_arguments, grouping_arguments, missing_package
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
 
@@ -80,6 +81,7 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
+    redact_logged_hyperparameters(Redaction.of(cfg), module, data)
     log.info(
         "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
         sizes.micro,
@@ -89,6 +91,16 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
         sizes.effective,
     )
     return trainer, module, data
+
+
+def redact_logged_hyperparameters(redaction: Redaction, *parts: Any) -> None:
+    """What a module's or datamodule's ``save_hyperparameters`` recorded, as Lightning logs it to every
+    logger when fitting starts (``hparams_initial``), without credentials. The checkpoints' copy
+    (``hparams``) is redacted as it is written (``RunConfigInCheckpoint``); the module keeps the real
+    values."""
+    for part in parts:
+        if getattr(part, "_hparams_initial", None):
+            part._hparams_initial = redaction.values(part._hparams_initial)
 
 
 def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:
@@ -232,9 +244,11 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
     run.extra.update(
         nonfinite=nonfinite.report, world=world.report, history=history.history, input_wait=input_wait.report
     )
-    config = OmegaConf.to_container(cfg, resolve=True)
+    # What leaves the process (checkpoints, loggers) carries the redacted config: no credentials.
+    redaction = Redaction.of(cfg)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    stored = RunConfigInCheckpoint(config, choices)  # litlab-eval rebuilds the run from a checkpoint
+    # litlab-eval rebuilds the run from a checkpoint (resolving the environment's values again).
+    stored = RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values)
     ranks = [WatchTheRanks(), StopTogetherOnSigterm()]  # a failed rank or a SIGTERM stops every rank
     callbacks = [
         run.stats,
@@ -246,7 +260,7 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
         *ranks,
         history,
         input_wait,
-        LoggerRuns(config),  # the resolved config as the loggers' parameters
+        LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
     ]
     if cfg.trainer.enable_model_summary:  # Lightning's, without a FLOPs column of zeros
         callbacks.append(ModelSummaryWithMeasuredFlops())
@@ -283,9 +297,12 @@ def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
             continue
         # logger_arguments: a resumed run's TensorBoard continues the run's log directory;
         # grouping_arguments: a sweep's MLflow and W&B runs are grouped by the sweep.
+        # credential_arguments: MLflow's tracking URI without its user-info (the credentials go to
+        # MLflow through the environment, so no URL it prints or records carries a password).
         arguments = {
             **logger_arguments(logger_cfg, run),
             **grouping_arguments(logger_cfg, sweep, run.dir if run else None),
+            **credential_arguments(logger_cfg),
         }
         try:
             loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))

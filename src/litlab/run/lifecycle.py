@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
+from litlab.config.redact import redact, typed_overrides
 from litlab.config.rules import BatchSizes
 from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
@@ -163,7 +164,7 @@ def prepare_run(cfg: DictConfig) -> Run:
         storage.link_into(run_dir)
         resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage, run_dir)
         resume.record_start(storage, run.resume, run_dir)
-        storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))  # no credentials (redact.py)
     log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
     return run
 
@@ -258,7 +259,7 @@ def summarise(
         run_dir=str(run.dir),
         storage_dir=run.storage.url,
         groups=run_groups(dict(hydra.runtime.choices)),
-        overrides=list(hydra.overrides.task),
+        overrides=typed_overrides(hydra.overrides.task),  # as typed: not with the environment's values
         optimized_metric=cfg.optimized_metric,
         optimized_metric_mode=cfg.optimized_metric_mode,
         precision=run.precision,

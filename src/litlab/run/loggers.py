@@ -7,16 +7,21 @@ one line for a logger whose package is not installed.
 - **Final metrics.** After the test, every logger gets the summary's metrics as ``final/<name>``
   (W&B's run summary too): TensorBoard in its HParams tab, with the group choices as parameters.
 - The run's resolved config is logged as parameters when fitting starts
-  (``litlab.callbacks.logger_runs.LoggerRuns``).
+  (``litlab.callbacks.logger_runs.LoggerRuns``), redacted (``litlab.config.redact``).
+- **Credentials.** MLflow gets its tracking URI without user-info; a ``user:password@`` in it goes to
+  ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` in this process's environment, where
+  MLflow's client reads them for every request, so its "View run at" lines carry no password.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.redact import url_without_userinfo
 from litlab.errors import LitlabError
 from litlab.run.summary import Summary
 
@@ -49,6 +54,22 @@ def grouping_arguments(
         if sweep and logger_cfg.get("group") is None:
             arguments["group"] = sweep_name
     return arguments
+
+
+def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
+    """An MLflow logger's ``tracking_uri`` without user-info, its credentials moved into the
+    environment variables MLflow's client authenticates with. Variables already set are kept: MLflow
+    sends those (as ``requests`` auth) even when the URL has user-info, so nothing changes who the run
+    authenticates as."""
+    if logger_kind(logger_cfg) != "MLFlowLogger" or not logger_cfg.get("tracking_uri"):
+        return {}
+    bare, username, password = url_without_userinfo(str(logger_cfg.tracking_uri))
+    if username is None:
+        return {}
+    os.environ.setdefault("MLFLOW_TRACKING_USERNAME", username)
+    if password is not None:
+        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
+    return {"tracking_uri": bare}
 
 
 def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:

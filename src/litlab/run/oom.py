@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.redact import redact
 from litlab.errors import LitlabError
 from litlab.launch.failures import every_rank_out_of_memory
 
@@ -88,7 +89,7 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
         garbage_collection_cuda()
         _halve_micro_batch(cfg)
         if run.is_global_zero:
-            run.storage.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            run.storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))
 
 
 def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> int:

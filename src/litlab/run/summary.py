@@ -83,7 +83,9 @@ class Summary:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+        from litlab.config.redact import redact_summary  # every written summary: no credentials
+
+        return json.dumps(redact_summary(self.to_dict()), indent=2, default=str) + "\n"
 
     def write(self, path: Path) -> None:
         path.write_text(self.to_json())

@@ -23,6 +23,7 @@ import io
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -345,14 +346,22 @@ class RunConfigInCheckpoint(Callback):
     as their text (Lightning reads them back only in ``load_from_checkpoint``).
     """
 
-    def __init__(self, config: dict[str, Any], choices: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        choices: dict[str, Any],
+        redact_values: Callable[[Any], Any] | None = None,
+    ) -> None:
+        # config: already redacted (litlab.config.redact); redact_values: what does it for the
+        # hyperparameters a module saved, which hold the resolved values it was built with.
         self.config, self.choices = config, choices
+        self.redact_values = redact_values or (lambda value: value)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint[RUN_CONFIG_KEY] = {"config": self.config, "choices": self.choices}
         for key in ("hyper_parameters", "datamodule_hyper_parameters"):
             if key in checkpoint:
-                checkpoint[key] = _plain(checkpoint[key])
+                checkpoint[key] = self.redact_values(_plain(checkpoint[key]))
 
 
 def _plain(value: Any) -> Any:
