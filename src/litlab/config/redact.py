@@ -95,8 +95,7 @@ class Redaction:
             value = OmegaConf.to_container(value, resolve=True)
         if isinstance(value, Mapping):
             items = {
-                k: REDACTED if is_credential_key(k) and v is not None else self.values(v)
-                for k, v in value.items()
+                k: self._credential(v) if is_credential_key(k) else self.values(v) for k, v in value.items()
             }
             try:
                 return type(value)(items)  # Lightning's AttributeDict stays one
@@ -107,6 +106,13 @@ class Redaction:
         if isinstance(value, str):
             return redact_text(self.environment_values.get(value, value))
         return value
+
+    def _credential(self, value: Any) -> Any:
+        """A credential key's value: ``${oc.env:NAME}`` where the config had exactly that, else ``***``."""
+        if value is None:
+            return None
+        text = self.environment_values.get(value) if isinstance(value, str) else None
+        return text if text is not None and _PURE_ENV_REFERENCE.match(text) else REDACTED
 
 
 def typed_overrides(overrides: Any) -> list[str]:
