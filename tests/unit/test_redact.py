@@ -263,8 +263,11 @@ def test_evaluation_names_a_value_it_cannot_resolve_again(monkeypatch):
         }
     )
     problem = unresolvable(stored, ("data", "model", "precision"))
-    assert problem.startswith("data.token is stored as ${oc.env:LITLAB_TEST_UNSET} ")
-    assert "Environment variable 'LITLAB_TEST_UNSET' not found" in problem and "\n" not in problem
+    assert problem == (
+        "data.token is stored as ${oc.env:LITLAB_TEST_UNSET} (a value from the environment is not written "
+        "into checkpoints) and cannot be resolved here (Environment variable 'LITLAB_TEST_UNSET' not found): "
+        "set it in this environment"
+    )
     monkeypatch.setenv("LITLAB_TEST_UNSET", "now-set")
     problem = unresolvable(stored, ("data", "model", "precision"))
     assert problem.startswith("model.api_key was redacted to *** when the checkpoint was written")

@@ -269,6 +269,8 @@ def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
                 value = OmegaConf.select(config, key, throw_on_resolution_failure=True)
             except OmegaConfBaseException as error:
                 cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                # What the resolver said, without OmegaConf's wrapping of it.
+                cause = re.sub(r'^\w+ raised while resolving interpolation: "?(.*?)"?$', r"\1", cause)
                 return (
                     f"{key} is stored as {written} (a value from the environment is not written into "
                     f"checkpoints) and cannot be resolved here ({cause}): set it in this environment"

@@ -1,0 +1,206 @@
+"""Credentials never leave the environment: a run, and a sweep, that log to an MLflow server with
+basic auth (``http://admin:<password>@...`` in ``MLFLOW_TRACKING_URI``) and build their data from a
+config key interpolating another secret (``${oc.env:...}``), with ``logger=[csv,mlflow,tensorboard]``.
+
+Every byte they leave is searched for both secrets: the run and sweep folders, the storage folder and
+every checkpoint, the TensorBoard events, the CSV files, the MLflow server's store, artifacts and log,
+and the commands' stdout and stderr. The run still authenticates (its MLflow run exists on the
+server, which refuses requests without the password), and ``litlab-eval`` on its checkpoint resolves
+the token again from its own environment, or says in one line that it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs
+from tests.faults import SERVICE_TOKEN_ENV
+from tests.integration.test_loggers import free_port, wait_until_up
+
+pytest.importorskip("mlflow")
+pytest.importorskip("flask_wtf")  # mlflow's basic-auth app needs it
+
+PASSWORD = "Mlflow-Pw-4c1d9e7b"  # the server's admin password (its auth app wants 12 characters or more)
+TOKEN = "Svc-Token-7a52b0e3"  # the data's service token
+SECRETS = (PASSWORD.encode(), TOKEN.encode())
+
+DATA_FROM_A_SERVICE = [
+    "data._target_=tests.faults.DigitsFromAService",
+    f"+data.service_token=${{oc.env:{SERVICE_TOKEN_ENV}}}",  # a credential key
+    f"+data.service_header=Bearer-${{oc.env:{SERVICE_TOKEN_ENV}}}",  # any key, from the environment
+]
+LOGGERS = "logger=[csv,mlflow,tensorboard]"
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    """``mlflow server --app-name basic-auth`` on a free port of 127.0.0.1, admin password PASSWORD;
+    yields (its URL without credentials, its folder: store, artifacts, users and log)."""
+    folder = tmp_path_factory.mktemp("mlflow-auth")
+    port = free_port()
+    ini = folder / "basic_auth.ini"
+    ini.write_text(
+        "[mlflow]\ndefault_permission = READ\nadmin_username = admin\n"
+        f"database_uri = sqlite:///{folder / 'users.db'}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {
+        **os.environ,
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # starts in seconds where SQLite's migrations take more
+        "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,  # read once, to create the admin; stored hashed
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-of-this-test",
+    }
+    command = [
+        str(BIN / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1", "--backend-store-uri", str(folder / "runs"),
+        "--default-artifact-root", str(folder / "artifacts"),
+    ]  # fmt: skip
+    log = (folder / "server.log").open("w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url)
+        yield url, folder
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the worker it started
+        server.wait(timeout=30)
+        log.close()
+
+
+def credentials_env(url: str) -> dict[str, str]:
+    return {
+        **FAULTS_IMPORTABLE,  # tests.faults.DigitsFromAService
+        "MLFLOW_TRACKING_URI": url.replace("http://", f"http://admin:{PASSWORD}@"),
+        SERVICE_TOKEN_ENV: TOKEN,
+        "OMP_NUM_THREADS": "1",  # one thread trains fastest beside a server
+    }
+
+
+def files_holding_a_secret(*folders: Path) -> list[str]:
+    """Every file under the folders (links not followed: what they point to is searched where it lies)
+    that holds a secret's bytes."""
+    found = []
+    for folder in folders:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                path = Path(root) / name
+                if path.is_file() and not path.is_symlink():
+                    data = path.read_bytes()
+                    found += [f"{path}: {s.decode()}" for s in SECRETS if s in data]
+    return found
+
+
+def outputs_holding_a_secret(*results: subprocess.CompletedProcess) -> list[str]:
+    return [
+        f"{' '.join(r.args[1:3])}: {s.decode()}"
+        for r in results
+        for s in SECRETS
+        if s.decode() in r.stdout + r.stderr
+    ]
+
+
+def mlflow_runs(url: str, experiment: str, monkeypatch) -> list:
+    """The server's runs of an experiment, read as the admin (through MLflow's own client)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    client = MlflowClient(url)
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluates(
+    log_dir, auth_server, tmp_path, monkeypatch
+):
+    url, server_folder = auth_server
+    env = credentials_env(url)
+    tiny = [t for t in TINY if not t.startswith("logger=")]
+    trained = ok(litlab("litlab-train", LOGGERS, *DATA_FROM_A_SERVICE, *tiny, env=env))
+    (run,) = run_dirs(log_dir)
+    (checkpoint,) = log_dir.glob("storage/*/checkpoints/last.ckpt")
+
+    # litlab-eval resolves the token again from its environment (the datamodule checks it got it) ...
+    evaluated = ok(litlab("litlab-eval", f"ckpt_path={checkpoint}", env=env))
+    assert "test/acc" in json.loads(next(log_dir.glob("eval/runs/*/eval.json")).read_text())["metrics"]
+    # ... or names the value it cannot resolve, in one line.
+    without = {k: v for k, v in env.items() if k != SERVICE_TOKEN_ENV}
+    refused = litlab("litlab-eval", f"ckpt_path={checkpoint}", env=without)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"litlab: error: ckpt_path={checkpoint}: data.service_token is stored as "
+        f"${{oc.env:{SERVICE_TOKEN_ENV}}} (a value from the environment is not written into checkpoints) "
+        f"and cannot be resolved here (Environment variable '{SERVICE_TOKEN_ENV}' not found): "
+        "set it in this environment"
+    )
+
+    assert {p.name for p in run.iterdir()} >= {".hydra", "csv", "tensorboard", "checkpoints", "summary.json"}
+    assert (
+        list((run / "tensorboard").glob("events.out.tfevents.*")) and (run / "csv" / "metrics.csv").is_file()
+    )
+    assert files_holding_a_secret(log_dir, server_folder) == []
+    assert outputs_holding_a_secret(trained, evaluated, refused) == []
+    assert "View run" in trained.stdout + trained.stderr  # MLflow's own lines: without the password
+
+    # The run authenticated: its MLflow run is on the server, which refuses a request without the password.
+    with pytest.raises(urllib.error.HTTPError) as refused_request:
+        urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=default")
+    assert refused_request.value.code == 401
+    (logged,) = mlflow_runs(url, "default", monkeypatch)
+    assert logged.info.run_name == run.name and logged.info.status == "FINISHED"
+    params = logged.data.params
+    assert params["logger/mlflow/tracking_uri"].startswith("${oc.env:MLFLOW_TRACKING_URI,")
+    assert params["data/service_token"] == f"${{oc.env:{SERVICE_TOKEN_ENV}}}"
+    assert params["data/service_header"] == f"Bearer-${{oc.env:{SERVICE_TOKEN_ENV}}}"
+    assert "final/test/acc" in logged.data.metrics
+
+    # A checkpoint written before redaction (its config resolved, secrets and all) still evaluates.
+    import torch
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv(SERVICE_TOKEN_ENV, TOKEN)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state["litlab"]["config"] = OmegaConf.to_container(
+        OmegaConf.create(state["litlab"]["config"]), resolve=True
+    )
+    assert state["litlab"]["config"]["data"]["service_token"] == TOKEN
+    older = tmp_path / "before-redaction" / "last.ckpt"
+    older.parent.mkdir()
+    torch.save(state, older)
+    ok(litlab("litlab-eval", f"ckpt_path={older}", env=env))
+
+
+def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch):
+    url, server_folder = auth_server
+    tiny = [t for t in TINY if not t.startswith("logger=")]
+    swept = ok(
+        litlab(
+            "litlab-train",
+            "-m",
+            LOGGERS,
+            "experiment_name=swept",
+            "trainer.accumulate_grad_batches=1,2",
+            *DATA_FROM_A_SERVICE,
+            *tiny,
+            env=credentials_env(url),
+        )
+    )
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    assert sorted(
+        json.loads((sweep / str(job) / "summary.json").read_text())["status"] for job in (0, 1)
+    ) == [
+        "completed",
+        "completed",
+    ]
+    assert files_holding_a_secret(log_dir, server_folder) == []
+    assert outputs_holding_a_secret(swept) == []
+    runs = mlflow_runs(url, "swept", monkeypatch)
+    assert sorted(r.data.tags["sweep_job"] for r in runs) == ["0", "1"]
