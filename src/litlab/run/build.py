@@ -5,8 +5,8 @@ LightningModule, ``data._target_`` a LightningDataModule that takes the micro-ba
 ``batch_size`` (docs/contract.md). The engine adds its own callbacks to every Trainer: run
 statistics, the non-finite guard, the world check, per-step reseeding, the train loader's resume
 check, the run config stored in every checkpoint, the per-epoch history and the input wait (for
-summary.json, reports and the doctor), the run config as the loggers' parameters, and the model
-summary.
+summary.json, reports and the doctor), the run config as the loggers' parameters (both redacted:
+no credentials, ``litlab.config.redact``), and the model summary.
 """
 
 from __future__ import annotations
@@ -76,12 +76,13 @@ _skip_nvml_probe_without_a_driver()
 
 def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
     """The Trainer, module and datamodule of a run."""
-    trainer = build_trainer(cfg, run)
+    redaction = Redaction.of(cfg)  # what checkpoints and loggers get of the config: no credentials
+    trainer = build_trainer(cfg, run, redaction=redaction)
     sizes = batch_sizes(cfg.data, cfg.trainer, world_size=trainer.world_size)
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
-    redact_logged_hyperparameters(Redaction.of(cfg), module, data)
+    redact_logged_hyperparameters(redaction, module, data)
     log.info(
         "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
         sizes.micro,
@@ -198,9 +199,9 @@ class NoProfiler(PassThroughProfiler):
         return self._nothing
 
 
-def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
+def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> L.Trainer:
     loggers = build_loggers(cfg, run)
-    callbacks = build_callbacks(cfg, run, has_logger=bool(loggers))
+    callbacks = build_callbacks(cfg, run, has_logger=bool(loggers), redaction=redaction)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["profiler"] = trainer_args.get("profiler") or NoProfiler()  # simple, advanced, pytorch
     # The engine adds its own model summary (engine_callbacks); Lightning's would be a second one.
@@ -233,7 +234,7 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
     return instantiate(OmegaConf.create(args), _convert_="all")
 
 
-def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
+def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> list[Callback]:
     """The callbacks every run has, whatever its task: they make the engine's guarantees hold."""
     run.stats = RunStats()  # summary.json and sweep reports need its figures
     nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
@@ -245,7 +246,7 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
         nonfinite=nonfinite.report, world=world.report, history=history.history, input_wait=input_wait.report
     )
     # What leaves the process (checkpoints, loggers) carries the redacted config: no credentials.
-    redaction = Redaction.of(cfg)
+    redaction = redaction or Redaction.of(cfg)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     # litlab-eval rebuilds the run from a checkpoint (resolving the environment's values again).
     stored = RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values)
@@ -267,11 +268,13 @@ def engine_callbacks(cfg: DictConfig, run: Run) -> list[Callback]:
     return callbacks
 
 
-def build_callbacks(cfg: DictConfig, run: Run, has_logger: bool = True) -> list[Callback]:
+def build_callbacks(
+    cfg: DictConfig, run: Run, has_logger: bool = True, redaction: Redaction | None = None
+) -> list[Callback]:
     """The engine's callbacks and the ``callbacks`` group's, litlab's and Lightning's own combined
     into one (``litlab.callbacks.combined``: Lightning's per-callback dispatch costs more than most
     of their work)."""
-    callbacks = engine_callbacks(cfg, run)
+    callbacks = engine_callbacks(cfg, run, redaction)
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue
