@@ -179,18 +179,19 @@ def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluat
 
 
 def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch):
+    pytest.importorskip("wandb")
     url, server_folder = auth_server
     tiny = [t for t in TINY if not t.startswith("logger=")]
     swept = ok(
         litlab(
             "litlab-train",
             "-m",
-            LOGGERS,
+            "logger=[csv,mlflow,tensorboard,wandb]",  # W&B offline: its run files are searched too
             "experiment_name=swept",
             "trainer.accumulate_grad_batches=1,2",
             *DATA_FROM_A_SERVICE,
             *tiny,
-            env=credentials_env(url),
+            env={**credentials_env(url), "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
         )
     )
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
@@ -200,6 +201,7 @@ def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch
         "completed",
         "completed",
     ]
+    assert list(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
     assert files_holding_a_secret(log_dir, server_folder) == []
     assert outputs_holding_a_secret(swept) == []
     runs = mlflow_runs(url, "swept", monkeypatch)
