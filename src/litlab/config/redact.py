@@ -92,7 +92,10 @@ class Redaction:
         that is a value from the environment becomes its interpolation text; URL user-info and the
         values of credential keys become ``***``."""
         if isinstance(value, (DictConfig, ListConfig)):
-            value = OmegaConf.to_container(value, resolve=True)
+            try:
+                value = OmegaConf.to_container(value, resolve=True)
+            except Exception:  # noqa: BLE001 - a node cut off from what it interpolates: its text
+                value = OmegaConf.to_container(value, resolve=False)
         if isinstance(value, Mapping):
             items = {
                 k: self._credential(v) if is_credential_key(k) else self.values(v) for k, v in value.items()
