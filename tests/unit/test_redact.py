@@ -17,6 +17,7 @@ from litlab.config.redact import (
     is_credential_key,
     redact,
     redact_command,
+    redact_hydra_record,
     redact_overrides,
     redact_summary,
     redact_text,
@@ -277,3 +278,32 @@ def test_evaluation_names_a_value_it_cannot_resolve_again(monkeypatch):
     assert (
         unresolvable(OmegaConf.create({"data": {"root": "/d"}, "model": {"n": 1}}), ("data", "model")) is None
     )
+
+
+def test_a_credential_typed_on_the_command_line_is_redacted_in_hydras_record(tmp_path):
+    hydra_dir = tmp_path / ".hydra"
+    hydra_dir.mkdir()
+    typed = ["logger.mlflow.tracking_uri=http://alice:pw@h:5000", "+data.api_key=lit", "model=mlp"]
+    OmegaConf.save(
+        OmegaConf.create(
+            {
+                "logger": {"mlflow": {"tracking_uri": "http://alice:pw@h:5000"}},
+                "data": {"api_key": "lit", "token": "${oc.env:HF_TOKEN}", "root": "${paths.data}"},
+            }
+        ),
+        hydra_dir / "config.yaml",
+    )
+    OmegaConf.save(OmegaConf.create(typed), hydra_dir / "overrides.yaml")
+    hydra = {"hydra": {"overrides": {"task": typed}, "job": {"override_dirname": ",".join(typed)}}}
+    OmegaConf.save(OmegaConf.create(hydra), hydra_dir / "hydra.yaml")
+    assert redact_hydra_record(tmp_path) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert OmegaConf.to_container(OmegaConf.load(hydra_dir / "config.yaml")) == {
+        "logger": {"mlflow": {"tracking_uri": "http://***@h:5000"}},
+        "data": {"api_key": REDACTED, "token": "${oc.env:HF_TOKEN}", "root": "${paths.data}"},
+    }
+    written = ["logger.mlflow.tracking_uri=http://***@h:5000", "+data.api_key=***", "model=mlp"]
+    assert list(OmegaConf.load(hydra_dir / "overrides.yaml")) == written
+    recorded = OmegaConf.load(hydra_dir / "hydra.yaml").hydra
+    assert list(recorded.overrides.task) == written and recorded.job.override_dirname == ",".join(written)
+    # Nothing to redact: no file is rewritten.
+    assert redact_hydra_record(tmp_path) == []

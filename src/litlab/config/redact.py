@@ -285,3 +285,33 @@ def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
                     "environment in the training config (${oc.env:NAME}) so that it can be"
                 )
     return None
+
+
+def redact_hydra_record(output_dir: Any) -> list[str]:
+    """Hydra's own record of a run (``<run dir>/.hydra/``: the composed config, unresolved, and the
+    overrides as typed), with a credential typed on the command line redacted: URL user-info and
+    credential keys' values, in every file, as ``redact_overrides`` does. Values from the environment
+    are not there (Hydra writes interpolations unresolved). A file is rewritten only where something
+    changes; returns the names of those rewritten."""
+    from pathlib import Path
+
+    rewritten = []
+    for path in sorted(Path(output_dir, ".hydra").glob("*.yaml")):
+        text = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        redacted = _redact_written_text(text)
+        if redacted != text:
+            OmegaConf.save(OmegaConf.create(redacted), path)
+            rewritten.append(path.name)
+    return rewritten
+
+
+def _redact_written_text(text: Any, key: Any = None) -> Any:
+    if key is not None and is_credential_key(key) and text is not None:
+        return text if isinstance(text, str) and _PURE_ENV_REFERENCE.match(text) else REDACTED
+    if isinstance(text, dict):
+        return {k: _redact_written_text(v, k) for k, v in text.items()}
+    if isinstance(text, list):
+        return [_redact_written_text(v) for v in text]
+    if isinstance(text, str) and "=" in text:  # an override, or Hydra's comma-joined override_dirname
+        return ",".join(_redact_override(part) for part in text.split(","))
+    return redact_text(text) if isinstance(text, str) else text

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
-from litlab.config.redact import redact, typed_overrides
+from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
 from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
@@ -147,6 +147,14 @@ def prepare_run(cfg: DictConfig) -> Run:
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
+    rewritten = redact_hydra_record(run_dir) if run.is_global_zero else []
+    if rewritten:  # a credential typed on the command line, in Hydra's .hydra/
+        log.warning(
+            "a credential typed on the command line is redacted in %s/.hydra/ (%s); your shell's history "
+            "still holds it: pass it through the environment (${oc.env:NAME}) instead",
+            run_dir,
+            ", ".join(rewritten),
+        )
     if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
         run.lock = RunLock(storage)
         run.lock.acquire()
