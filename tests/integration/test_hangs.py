@@ -205,9 +205,10 @@ def test_sigterm_with_a_stuck_rank_exits_143_within_the_grace(tmp_path):
     assert re.match(
         r"litlab: error: SIGTERM: the ranks did not reach a common batch boundary within preempt_grace=3 s "
         r"\(rank 1 is in training step 5\); .*; no preempted checkpoint was written; the next attempt "
-        r"resumes from \S+/last\.ckpt \(step 4\)",
+        r"resumes from \S+/last\.ckpt \(step \d\)$",
         line,
     ), line
+    assert f"(step {checkpoint_step(log_dir)})" in line  # the newest, intact: rank 0 wrote it before waiting
     (run,) = run_dirs(log_dir)
     assert summary(run)["status"] == "interrupted"
     assert not list(log_dir.glob("**/checkpoints/preempted.ckpt"))

@@ -354,11 +354,11 @@ class Watchdog:
             return "the newest checkpoint rank 0 wrote"
         saved = getattr(getattr(self.trainer.strategy, "checkpoint_io", None), "last_saved", None)
         if saved is not None:
-            return f"{saved[0]} (step {saved[1]}): the same command resumes from it"
+            return f"{saved[0]} (step {saved[1]})"
         started_from = self.watch.resume_from()
         if started_from:
             return f"{started_from}, the checkpoint this attempt started from"
-        return "nothing: no checkpoint was written, the same command starts over"
+        return "the start: no checkpoint was written yet"
 
     def _record(self, reason: str, status: str) -> None:
         writer = threading.Thread(
