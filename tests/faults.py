@@ -428,9 +428,11 @@ class StopProcessAt(Callback):
     """A callback that stops another process (SIGSTOP) at the end of one global step, before that
     step's checkpoint is written, as $LITLAB_TEST_SIGSTOP_AT says: ``<pid>:<global step>`` (rank 0
     only). With the pid of the S3 server, the checkpoint write that follows stalls: its connections
-    hang instead of failing. The test sends SIGCONT."""
+    hang instead of failing. The test sends SIGCONT. Without the variable it does nothing."""
 
     def on_train_batch_end(self, trainer, *args) -> None:
+        if SIGSTOP_AT_ENV not in os.environ:
+            return
         pid, step = (int(v) for v in os.environ[SIGSTOP_AT_ENV].split(":"))
         if trainer.global_step == step and global_rank() == 0:
             print(f"tests.faults: SIGSTOP to {pid} at step {step}", flush=True)

@@ -10,6 +10,7 @@ Real processes: 2 gloo ranks under Lightning's launcher with a rank asleep in a 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -181,8 +182,8 @@ def test_a_checkpoint_write_to_a_stalled_s3_server_is_named_and_the_same_command
     assert summary(run)["status"] == "failed"
     for key, data in s3_server.objects(bucket).items():  # every checkpoint whole
         if key.endswith(".ckpt"):
-            torch.load(__import__("io").BytesIO(data), weights_only=True)
-    resumed = ok(litlab("litlab-train", *args[:-1], env={**env_for(log_dir), **s3_server.env()}))
+            torch.load(io.BytesIO(data), weights_only=True)
+    resumed = ok(litlab("litlab-train", *args, env={**env_for(log_dir), **s3_server.env()}))
     assert "resuming from s3://" in resumed.stdout + resumed.stderr
     assert summary(run_dirs(log_dir)[-1])["status"] == "completed"
 
