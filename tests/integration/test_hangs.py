@@ -148,9 +148,7 @@ def test_a_data_loader_worker_that_stops_yielding_is_named(tmp_path):
     assert (run / "stacks-rank1.txt").is_file()
 
 
-def test_a_checkpoint_write_to_a_stalled_s3_server_is_named_and_the_same_command_resumes(
-    tmp_path, s3_server
-):
+def test_a_checkpoint_write_to_a_stalled_s3_server_is_named_and_the_same_command_resumes(tmp_path, s3_server):
     log_dir = tmp_path / "logs"
     bucket = s3_server.create_bucket("stalls")
     server = _pid_listening_on(int(s3_server.endpoint.rsplit(":", 1)[1]))

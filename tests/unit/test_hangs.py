@@ -85,7 +85,10 @@ def test_the_watchdog_looks_often_enough_for_the_shortest_limit():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["experiment=char_lm", "-m", "precision=fp32,bf16"], ["-m", "experiment=char_lm", "precision=fp32,bf16"]),
+        (
+            ["experiment=char_lm", "-m", "precision=fp32,bf16"],
+            ["-m", "experiment=char_lm", "precision=fp32,bf16"],
+        ),
         (["a=1", "--multirun", "b=1,2"], ["--multirun", "a=1", "b=1,2"]),
         (["-m", "a=1,2"], ["-m", "a=1,2"]),
         (["a=1"], ["a=1"]),
@@ -100,5 +103,8 @@ def test_a_part_that_raises_while_built_is_one_line_naming_it_and_the_librarys_r
 
     with pytest.raises(PartRefused) as refused, refused_in_one_line("callbacks.early", "x.y.EarlyStopping"):
         raise RuntimeError("monitor\n  is required")
-    assert refused.value.reason == "callbacks.early: EarlyStopping refused to start: RuntimeError: monitor is required"
+    assert (
+        refused.value.reason
+        == "callbacks.early: EarlyStopping refused to start: RuntimeError: monitor is required"
+    )
     assert refused.value.exit_code == 2

@@ -216,15 +216,20 @@ class Watchdog:
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
         hang_timeout = self.watch.hang_timeout
         stalled = hang_timeout > 0 and stalled_for > allowance(state, hang_timeout)
-        record = {**asdict(state), "stalled": stalled, "stalled_for": round(stalled_for, 1), "at": time.time()}
+        record = {
+            **asdict(state),
+            "stalled": stalled,
+            "stalled_for": round(stalled_for, 1),
+            "at": time.time(),
+        }
         self._publish(record)
         end = self._read("end")
         if end is not None:
             self.end(end["kind"], end["cause"])
         self._look_for_preemption()
-        if self.preempted_at is not None and not HEARTBEAT.preempt_boundary_reached:
-            if time.monotonic() - self.preempted_at > self.watch.preempt_grace:
-                self.decide("preempt")
+        preempted_for = time.monotonic() - (self.preempted_at or time.monotonic())
+        if preempted_for > self.watch.preempt_grace and not HEARTBEAT.preempt_boundary_reached:
+            self.decide("preempt")
         if stalled and self._every_rank_stalled():
             self.decide("hang")
 
@@ -237,7 +242,9 @@ class Watchdog:
     def _publish(self, record: dict[str, Any]) -> None:
         path = self.watch.run_dir / f"heartbeat-rank{self.rank}.json"
         with contextlib.suppress(OSError):  # for people looking at a running job; never required
-            path.write_text(json.dumps({**record, "phase_in_words": describe(State(**_state_fields(record)))}))
+            path.write_text(
+                json.dumps({**record, "phase_in_words": describe(State(**_state_fields(record)))})
+            )
         self.records = {self.rank: record}
         world = self._world()
         if world is not None:
@@ -304,7 +311,9 @@ class Watchdog:
         rank, record = self.stuck()
         where = describe(State(**_state_fields(record)))
         who = f"rank {rank}" if self._world() is not None else "the run"
-        stacks = self.watch.run_dir / ("stacks-rank*.txt" if self._world() is not None else "stacks-rank0.txt")
+        stacks = self.watch.run_dir / (
+            "stacks-rank*.txt" if self._world() is not None else "stacks-rank0.txt"
+        )
         return (
             f"{who} made no progress for {record['stalled_for']:.0f} s in {where} "
             f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
@@ -333,11 +342,16 @@ class Watchdog:
             world.running = False  # the ranks' watchdog does not report peers that end now
         self.dump_stacks()
         if kind == "hang":
-            kept = world.kept() if world is not None else f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
+            kept = (
+                world.kept()
+                if world is not None
+                else f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
+            )
             reason = f"{cause}; every rank stopped; {kept}"
             status = "failed"
         else:
-            reason = f"{cause}; no preempted checkpoint was written; the next attempt resumes from {self.resume_point()}"
+            resumes = self.resume_point()
+            reason = f"{cause}; no preempted checkpoint was written; the next attempt resumes from {resumes}"
             status = "interrupted"
         log.error(reason)
         if self.trainer.is_global_zero:

@@ -198,7 +198,7 @@ class NoProfiler(PassThroughProfiler):
 
 
 @contextlib.contextmanager
-def refused_in_one_line(part: str, target: Any) -> Iterator[None]:
+def refused_in_one_line(part: str, target: Any, settings: Any = None) -> Iterator[None]:
     """What a configured part raises while it is built, as one line naming the part (``logger=mlflow``,
     ``callbacks.early_stopping``), its class and the library's reason (``PartRefused``)."""
     try:
@@ -208,19 +208,20 @@ def refused_in_one_line(part: str, target: Any) -> Iterator[None]:
     except Exception as error:
         cause = error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error
         log.debug("%s refused to build", part, exc_info=cause)
-        raise PartRefused(f"{part}: {_refusal(str(target or ''), cause)}") from error
+        raise PartRefused(f"{part}: {_refusal(str(target or ''), cause, settings or {})}") from error
 
 
-def _refusal(target: str, error: BaseException) -> str:
+def _refusal(target: str, error: BaseException, settings: Any) -> str:
     """The library's reason, with what to do where litlab knows it."""
     reason = f"{type(error).__name__}: {_one_line(error)}"
     if target.endswith("MLFlowLogger") and "file" in reason.lower() and "store" in reason.lower():
         import mlflow
 
-        uri = mlflow.get_tracking_uri()
+        uri = settings.get("tracking_uri") or mlflow.get_tracking_uri()
         return (
-            f"MLflow refuses the tracking URI {uri}: {reason} (set MLFLOW_TRACKING_URI=sqlite:///PATH/mlflow.db, "
-            "or unset it for litlab's own sqlite:///<log dir>/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true)"
+            f"MLflow refuses the tracking URI {uri}: {reason} (set "
+            "MLFLOW_TRACKING_URI=sqlite:///PATH/mlflow.db, or unset it for litlab's own "
+            "sqlite:///<log dir>/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true)"
         )
     return f"{target.rsplit('.', 1)[-1] or 'it'} refused to start: {reason}"
 
@@ -260,7 +261,12 @@ def build_profiler(name: str | None) -> Any:
         return NoProfiler()
     from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler, XLAProfiler
 
-    kinds = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler, "xla": XLAProfiler}
+    kinds = {
+        "simple": SimpleProfiler,
+        "advanced": AdvancedProfiler,
+        "pytorch": PyTorchProfiler,
+        "xla": XLAProfiler,
+    }
     kind = kinds.get(str(name).lower())
     if kind is None:
         return name  # Lightning's own error names the allowed values
@@ -388,7 +394,7 @@ def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
             **logger_arguments(logger_cfg, run),
             **grouping_arguments(logger_cfg, sweep, run.dir if run else None),
         }
-        with refused_in_one_line(_part_name("logger", name), logger_cfg.get("_target_")):
+        with refused_in_one_line(_part_name("logger", name), logger_cfg.get("_target_"), logger_cfg):
             try:
                 loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))
             except InstantiationException as error:
