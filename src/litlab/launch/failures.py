@@ -375,10 +375,12 @@ class StopTogetherOnSigterm(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not self._agreed(trainer):
             return
+        # The ranks met at a batch boundary and agreed, within preempt_grace (litlab.launch.hangs); a
+        # validation under way is finished first, watched by hang_timeout like any other.
+        HEARTBEAT.preempt_boundary_reached = True
         if _epoch_ending(trainer):
             self.at_epoch_end = True
         else:
-            HEARTBEAT.preempt_boundary_reached = True  # litlab.launch.hangs: within preempt_grace
             self._stop(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

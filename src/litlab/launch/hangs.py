@@ -111,6 +111,11 @@ class HangWatch(Callback):
             self.watchdog.stop()
             self.watchdog = None
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
+        # Lightning skips the teardown hooks after an exception: a failed job of an in-process sweep
+        # must not leave a watchdog that ends the sweep's process later.
+        self.teardown(trainer, pl_module, "exception")
+
     # --- beats at the start of hooks ---------------------------------------------------------------
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
