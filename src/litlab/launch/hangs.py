@@ -181,13 +181,13 @@ class Watchdog:
         self.thread.start()
 
     def stop(self) -> None:
+        """Ends the thread at its next look; gives the wakeup fd back (the thread closes the pipe's read
+        end: closed here, its number could be reused while the thread reads it)."""
         self.running = False
         if self.signal_pipe is not None and threading.current_thread() is threading.main_thread():
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(self.previous_wakeup_fd if self.previous_wakeup_fd is not None else -1)
-            for fd in self.signal_pipe:
-                os.close(fd)
-            self.signal_pipe = None
+            os.close(self.signal_pipe[1])
 
     def notice_signals(self) -> None:
         """Signals reach a pipe the watchdog reads, even while the main thread is stuck in C code."""
@@ -211,11 +211,13 @@ class Watchdog:
         while self.running:
             time.sleep(self.poll)
             if not self.running:
-                return
+                break
             try:
                 self.tick()
             except Exception as error:  # the watchdog must never be what ends a healthy run
                 log.debug("hangs: watchdog tick failed: %s", error, exc_info=True)
+        if self.signal_pipe is not None:
+            os.close(self.signal_pipe[0])
 
     def tick(self) -> None:
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
