@@ -437,3 +437,25 @@ class StopProcessAt(Callback):
         if trainer.global_step == step and global_rank() == 0:
             print(f"tests.faults: SIGSTOP to {pid} at step {step}", flush=True)
             os.kill(pid, signal.SIGSTOP)
+
+
+class PhaseSpy(Callback):
+    """Records what the hang detector's heartbeat says at your callbacks' hooks, in ``PHASES_SEEN``
+    (in-process tests read it): (hook, phase in words, first-step allowance)."""
+
+    def _note(self, hook: str) -> None:
+        from litlab.heartbeat import HEARTBEAT, describe
+
+        PHASES_SEEN.append((hook, describe(HEARTBEAT.state), HEARTBEAT.state.first))
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self._note("train_batch_start")
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self._note("train_batch_end")
+
+    def on_validation_batch_start(self, trainer, *args) -> None:
+        self._note("validation_batch_start")
+
+
+PHASES_SEEN: list[tuple[str, str, bool]] = []

@@ -108,3 +108,37 @@ def test_a_part_that_raises_while_built_is_one_line_naming_it_and_the_librarys_r
         == "callbacks.early: EarlyStopping refused to start: RuntimeError: monitor is required"
     )
     assert refused.value.exit_code == 2
+
+
+def test_a_run_beats_through_its_phases_and_only_the_first_step_and_validations_get_more_time(tmp_path):
+    from tests.conftest import TINY, train_in_process
+    from tests.faults import PHASES_SEEN
+
+    PHASES_SEEN.clear()
+    tiny = [t for t in TINY if "max_epochs" not in t and "num_sanity" not in t and "limit_train" not in t]
+    summary = train_in_process(
+        tmp_path,
+        "model=mlp",
+        *tiny,
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=2",
+        "trainer.num_sanity_val_steps=1",
+        "+callbacks.spy._target_=tests.faults.PhaseSpy",
+        "hang_timeout=60",
+    )
+    assert summary["status"] == "completed"
+    train = [(hook, words, first) for hook, words, first in PHASES_SEEN if hook.startswith("train")]
+    assert train == [
+        ("train_batch_start", "training step 0", True),
+        ("train_batch_end", "training step 0", True),  # yours run before the batch's last beat
+        ("train_batch_start", "training step 1", False),
+        ("train_batch_end", "training step 1", False),
+        ("train_batch_start", "training step 2", False),
+        ("train_batch_end", "training step 2", False),
+        ("train_batch_start", "training step 3", False),
+        ("train_batch_end", "training step 3", False),
+    ]
+    validations = [(words, first) for hook, words, first in PHASES_SEEN if hook.startswith("validation")]
+    sanity, first, second = validations[0], validations[1], validations[-1]
+    assert sanity == ("validation at global step 0", True) and first == ("validation at global step 2", True)
+    assert second == ("validation at global step 4", False)

@@ -89,7 +89,7 @@ class HangWatch(Callback):
         self.run_dir = Path(run_dir)
         self.resume_from, self.record_failure = resume_from, record_failure
         self.trained = False  # a first training batch ended in this process
-        self.validations = 0
+        self.validated = False  # a first validation (not the sanity check) started in this process
         self.watchdog: Watchdog | None = None
 
     # --- the watchdog's life -----------------------------------------------------------------------
@@ -128,8 +128,8 @@ class HangWatch(Callback):
         HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        first = self.validations < 1 + bool(trainer.sanity_checking)  # the sanity check, the first one
-        self.validations += 1
+        first = trainer.sanity_checking or not self.validated  # the sanity check, the first real one
+        self.validated = self.validated or not trainer.sanity_checking
         HEARTBEAT.beat(VALIDATION, trainer.global_step, first=first)
 
     def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
