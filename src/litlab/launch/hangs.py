@@ -218,6 +218,8 @@ class Watchdog:
                 log.debug("hangs: watchdog tick failed: %s", error, exc_info=True)
         if self.signal_pipe is not None:
             os.close(self.signal_pipe[0])
+        # A run that went on (or finished) leaves no stale "where it is" behind.
+        (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
 
     def tick(self) -> None:
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
