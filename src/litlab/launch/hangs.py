@@ -44,6 +44,7 @@ from lightning.pytorch.callbacks import Callback
 from litlab.heartbeat import (
     DATA,
     HEARTBEAT,
+    STARTING,
     TESTING,
     TRAINING,
     VALIDATION,
@@ -98,7 +99,7 @@ class HangWatch(Callback):
         if self.hang_timeout <= 0 and self.preempt_grace <= 0:
             return
         HEARTBEAT.reset()
-        HEARTBEAT.beat(HEARTBEAT.state.phase, trainer.global_step, first=not self.trained)
+        HEARTBEAT.beat(STARTING, trainer.global_step, first=not self.trained)
         self.watchdog = Watchdog(self, trainer)
         self.watchdog.start()
 
