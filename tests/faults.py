@@ -360,3 +360,119 @@ def _half_written_then_signalled(save, sig: signal.Signals):
             os.kill(os.getpid(), sig)
 
     return save_half
+
+
+# --- ranks that stop making progress (tests/integration/test_hangs.py) ---------------------------
+
+SLEEP_AT_ENV = "LITLAB_TEST_SLEEP_AT"
+SLEEP_S = 300  # at most: longer than any hang test waits, shorter than a forgotten process lives
+
+
+def sleep_while_parent_lives(seconds: float) -> None:
+    """Sleep, as a stuck process does, but end with the process that started this one (a DataLoader
+    worker whose rank was ended must not outlive it by minutes)."""
+    parent = os.getppid()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and os.getppid() == parent:
+        time.sleep(0.2)
+
+
+class SleepAt(Callback):
+    """A callback that stops one rank at one exact point, as a deadlock, an NFS stall or a stuck
+    library call would, as $LITLAB_TEST_SLEEP_AT says: ``<rank>:<hook>:<global step>`` with hook
+    ``train_batch_start`` (before the step's collectives: the other ranks wait in them) or
+    ``train_batch_end`` (after them: the others wait in the next step's), the step numbered by the
+    global step at its start. It prints
+    ``tests.faults: rank R sleeping in HOOK at step N`` and sleeps ``SLEEP_S``."""
+
+    def __init__(self) -> None:
+        spec = os.environ.get(SLEEP_AT_ENV)
+        self.rank = self.hook = self.step = None
+        if spec:
+            rank, self.hook, step = spec.split(":")
+            self.rank, self.step = int(rank), int(step)
+
+    def _maybe_sleep(self, hook: str) -> None:
+        if hook == self.hook and self.training_step == self.step and global_rank() == self.rank:
+            self.hook = None  # once
+            print(f"tests.faults: rank {self.rank} sleeping in {hook} at step {self.step}", flush=True)
+            time.sleep(SLEEP_S)
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self.training_step = trainer.global_step  # the step's number: global_step at its start
+        self._maybe_sleep("train_batch_start")
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self._maybe_sleep("train_batch_end")
+
+
+STUCK_WORKER_ENV = "LITLAB_TEST_STUCK_WORKER"
+
+
+class DigitsWithAStuckWorker(DigitsDataModule):
+    """The digits served by a DataLoader with one worker process that stops yielding on one rank,
+    as $LITLAB_TEST_STUCK_WORKER says: ``<rank>:<batch>``: the worker never returns that batch (counted
+    from 0 in the epoch)."""
+
+    def train_dataloader(self):
+        images, labels = self.splits["train"]
+        rank, batch = (int(v) for v in os.environ[STUCK_WORKER_ENV].split(":"))
+        stall_at = batch * self.batch_size if global_rank() == rank else None
+        return torch.utils.data.DataLoader(
+            _StallingDataset(images, labels, stall_at), batch_size=self.batch_size, num_workers=1
+        )
+
+
+class _StallingDataset(torch.utils.data.Dataset):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, stall_at: int | None) -> None:
+        self.images, self.labels, self.stall_at = images, labels, stall_at
+        self.served = 0  # in the worker process: its own copy
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        if self.served == self.stall_at:
+            sleep_while_parent_lives(SLEEP_S)
+        self.served += 1
+        return self.images[index], self.labels[index]
+
+
+SIGSTOP_AT_ENV = "LITLAB_TEST_SIGSTOP_AT"
+
+
+class StopProcessAt(Callback):
+    """A callback that stops another process (SIGSTOP) at the end of one global step, before that
+    step's checkpoint is written, as $LITLAB_TEST_SIGSTOP_AT says: ``<pid>:<global step>`` (rank 0
+    only). With the pid of the S3 server, the checkpoint write that follows stalls: its connections
+    hang instead of failing. The test sends SIGCONT. Without the variable it does nothing."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if SIGSTOP_AT_ENV not in os.environ:
+            return
+        pid, step = (int(v) for v in os.environ[SIGSTOP_AT_ENV].split(":"))
+        if trainer.global_step == step and global_rank() == 0:
+            print(f"tests.faults: SIGSTOP to {pid} at step {step}", flush=True)
+            os.kill(pid, signal.SIGSTOP)
+
+
+class PhaseSpy(Callback):
+    """Records what the hang detector's heartbeat says at your callbacks' hooks, in ``PHASES_SEEN``
+    (in-process tests read it): (hook, phase in words, first-step allowance)."""
+
+    def _note(self, hook: str) -> None:
+        from litlab.heartbeat import HEARTBEAT, describe
+
+        PHASES_SEEN.append((hook, describe(HEARTBEAT.state), HEARTBEAT.state.first))
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self._note("train_batch_start")
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self._note("train_batch_end")
+
+    def on_validation_batch_start(self, trainer, *args) -> None:
+        self._note("validation_batch_start")
+
+
+PHASES_SEEN: list[tuple[str, str, bool]] = []

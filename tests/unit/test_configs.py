@@ -131,7 +131,7 @@ CALLBACKS = {
 ENGINE_CALLBACKS = {
     "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "ResumableLoaderCheck",
     "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns", "WatchTheRanks",
-    "StopTogetherOnSigterm",
+    "StopTogetherOnSigterm", "HangWatch", "HeartbeatAfterYourCallbacks",
 }  # fmt: skip
 
 

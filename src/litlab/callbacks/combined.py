@@ -8,8 +8,9 @@ fifth of the step (``python -m benchmarks.overhead``). ``CombinedCallbacks`` is 
 hands each hook to the parts that define it, in their order.
 
 What is combined (``combinable``): the callbacks of litlab's and Lightning's own classes, except the
-kinds Lightning looks for by type (checkpoints, a progress bar, early stopping, the tuners). Your
-own callbacks stay separate, as you added them.
+kinds Lightning looks for by type (checkpoints, a progress bar, early stopping, the tuners) and the
+ones that must run after yours (``after_your_callbacks``). Your own callbacks stay separate, as you
+added them.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def combinable(callback: Callback) -> bool:
     litlab's PlainProgress (log lines, not a bar) is a ProgressBar only so that Lightning's tuners
     silence it; litlab's batch-size finder does that itself (``run.oom.tune_batch_size``)."""
     package = type(callback).__module__.split(".")[0]
-    if package not in ("litlab", "lightning"):
+    if package not in ("litlab", "lightning") or getattr(callback, "after_your_callbacks", False):
         return False
     return isinstance(callback, PlainProgress) or not isinstance(callback, LOOKED_FOR_BY_TYPE)
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from litlab import garbage_collection
 from litlab.cli import quiet
+from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 
@@ -114,6 +115,7 @@ def _first_line(error: BaseException) -> str:
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
+    sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # ckpt_path=PATH that Hydra cannot parse: how to quote it
     preflight.check_or_exit("eval", sys.argv[1:])
     try:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from litlab import garbage_collection
 from litlab.cli import quiet
+from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 from litlab.launch import multirun, ranks
@@ -54,6 +55,7 @@ def train_run(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
+    sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
     preflight.check_or_exit("train", sys.argv[1:])
     sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory

@@ -128,6 +128,9 @@ def check_runtime_options(cfg: DictConfig) -> None:
     _one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
     _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
     _one_of("sweep_isolation", cfg.sweep_isolation, SWEEP_ISOLATION)
+    for key in ("hang_timeout", "preempt_grace"):
+        if cfg[key] < 0:
+            raise ConfigError(f"{key}={cfg[key]} is not allowed: use a number of seconds, or 0 for off")
     _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
     _positive("oom.max_shrinks", cfg.oom.max_shrinks)
     _positive("oom.within_steps", cfg.oom.within_steps)

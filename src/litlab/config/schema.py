@@ -174,6 +174,8 @@ class TrainConfig:
     optimized_metric: str = MISSING
     optimized_metric_mode: str = MISSING  # min or max
     on_nonfinite: str = MISSING  # rules.NONFINITE_ACTIONS
+    hang_timeout: float = MISSING  # seconds without progress before the run ends; 0: off
+    preempt_grace: float = MISSING  # seconds after SIGTERM to reach a batch boundary
     sweep_isolation: str = MISSING  # rules.SWEEP_ISOLATION
     oom: OomConfig = MISSING
     tune: TuneConfig = MISSING

@@ -48,6 +48,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from litlab.errors import LitlabError, error_chain
+from litlab.heartbeat import HEARTBEAT
 from litlab.storage.checkpoints import in_an_epochs_last_batch
 
 log = logging.getLogger("litlab")
@@ -177,6 +178,9 @@ class World:
         """The one-line reason a failure of this rank ends the run, for every rank to print."""
         if id(error) in self.explained:
             return self.explained[id(error)]
+        from litlab.launch.hangs import follow_an_ending_run  # it imports this module
+
+        follow_an_ending_run()  # a peer ended because the ranks are ending a hang: their line
         if lost_a_peer(error):
             cause = self.peer_cause() or (
                 f"rank {self.rank} lost its connection to another rank ({_first_line(error)}) and no rank "
@@ -371,6 +375,9 @@ class StopTogetherOnSigterm(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not self._agreed(trainer):
             return
+        # The ranks met at a batch boundary and agreed, within preempt_grace (litlab.launch.hangs); a
+        # validation under way is finished first, watched by hang_timeout like any other.
+        HEARTBEAT.preempt_boundary_reached = True
         if _epoch_ending(trainer):
             self.at_epoch_end = True
         else:
@@ -379,6 +386,7 @@ class StopTogetherOnSigterm(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation; Lightning stops right after the epoch-end checkpoints.
         if self._agreed(trainer) or self.at_epoch_end:
+            HEARTBEAT.preempt_boundary_reached = True
             self._stop(trainer)
 
     def _agreed(self, trainer: L.Trainer) -> bool:

@@ -16,6 +16,7 @@ import ctypes
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -36,10 +37,11 @@ from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
-from litlab.config.redact import Redaction
+from litlab.config.redact import Redaction, typed_overrides
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
+from litlab.launch.hangs import HangWatch, HeartbeatAfterYourCallbacks
 from litlab.launch.multirun import sweep_job
 from litlab.launch.ranks import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
@@ -74,10 +76,19 @@ def _skip_nvml_probe_without_a_driver() -> None:
 _skip_nvml_probe_without_a_driver()
 
 
+class PartRefused(LitlabError):
+    """A configured part (logger, strategy, callback, profiler) raised while it was built: its
+    library refuses its settings or its environment. The run ends before training, as for bad input."""
+
+
 def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
     """The Trainer, module and datamodule of a run."""
     redaction = Redaction.of(cfg)  # what checkpoints and loggers get of the config: no credentials
-    trainer = build_trainer(cfg, run, redaction=redaction)
+    try:
+        trainer = build_trainer(cfg, run, redaction=redaction)
+    except PartRefused as refused:
+        _record_refusal(cfg, run, refused.reason)
+        raise
     sizes = batch_sizes(cfg.data, cfg.trainer, world_size=trainer.world_size)
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
@@ -199,11 +210,88 @@ class NoProfiler(PassThroughProfiler):
         return self._nothing
 
 
+@contextlib.contextmanager
+def refused_in_one_line(part: str, target: Any, settings: Any = None) -> Iterator[None]:
+    """What a configured part raises while it is built, as one line naming the part (``logger=mlflow``,
+    ``callbacks.early_stopping``), its class and the library's reason (``PartRefused``)."""
+    try:
+        yield
+    except LitlabError:
+        raise
+    except Exception as error:
+        cause = error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error
+        log.debug("%s refused to build", part, exc_info=cause)
+        raise PartRefused(f"{part}: {_refusal(str(target or ''), cause, settings or {})}") from error
+
+
+def _refusal(target: str, error: BaseException, settings: Any) -> str:
+    """The library's reason, with what to do where litlab knows it."""
+    reason = f"{type(error).__name__}: {_one_line(error)}"
+    if target.endswith("MLFlowLogger") and "file" in reason.lower() and "store" in reason.lower():
+        import mlflow
+
+        uri = settings.get("tracking_uri") or mlflow.get_tracking_uri()
+        return (
+            f"MLflow refuses the tracking URI {uri}: {reason} (set "
+            "MLFLOW_TRACKING_URI=sqlite:///PATH/mlflow.db, or unset it for litlab's own "
+            "sqlite:///<log dir>/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true)"
+        )
+    return f"{target.rsplit('.', 1)[-1] or 'it'} refused to start: {reason}"
+
+
+def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
+    """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
+    from litlab.run.summary import FAILED, Summary
+    from litlab.storage.roots import write_text_atomic
+
+    if not run.is_global_zero:
+        return
+    hydra = HydraConfig.get()
+    summary = Summary.of_config(
+        cfg,
+        FAILED,
+        reason,
+        run_dir=run.dir,
+        choices=dict(hydra.runtime.choices),
+        overrides=typed_overrides(hydra.overrides.task),  # as typed: not with the environment's values
+        sweep=sweep_job(),
+    )
+    write_text_atomic(run.dir / "summary.json", summary.to_json())
+    run.storage.write_text("summary.json", summary.to_json())
+
+
+def _part_name(group: str, name: str) -> str:
+    """``logger=mlflow`` when the group's option is that one part, ``logger=many (logger.mlflow)``
+    when it holds several."""
+    choice = _choice(group)
+    return f"{group}={name}" if choice == name else f"{group}={choice} ({group}.{name})"
+
+
+def build_profiler(name: str | None) -> Any:
+    """``trainer.profiler``: Lightning's profiler of that name (built here, so that one that cannot
+    start is named in one line), or NoProfiler."""
+    if not name:
+        return NoProfiler()
+    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler, XLAProfiler
+
+    kinds = {
+        "simple": SimpleProfiler,
+        "advanced": AdvancedProfiler,
+        "pytorch": PyTorchProfiler,
+        "xla": XLAProfiler,
+    }
+    kind = kinds.get(str(name).lower())
+    if kind is None:
+        return name  # Lightning's own error names the allowed values
+    with refused_in_one_line(f"trainer.profiler={name}", f"{kind.__module__}.{kind.__name__}"):
+        return kind()
+
+
 def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> L.Trainer:
     loggers = build_loggers(cfg, run)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers), redaction=redaction)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_args["profiler"] = trainer_args.get("profiler") or NoProfiler()  # simple, advanced, pytorch
+    trainer_args["profiler"] = build_profiler(trainer_args.get("profiler"))  # simple, advanced, pytorch
     # The engine adds its own model summary (engine_callbacks); Lightning's would be a second one.
     trainer_args["enable_model_summary"] = False
     check_combination(cfg.trainer, cfg.strategy)  # no such GPU, FSDP on a CPU: one line, not a traceback
@@ -231,7 +319,8 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
     if strategy_cfg.get("_target_") is None:
         return "auto"
     args = {k: v for k, v in strategy_cfg.items() if k != "name"}
-    return instantiate(OmegaConf.create(args), _convert_="all")
+    with refused_in_one_line(f"strategy={strategy_cfg.name}", strategy_cfg.get("_target_")):
+        return instantiate(OmegaConf.create(args), _convert_="all")
 
 
 def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> list[Callback]:
@@ -251,6 +340,14 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
     # litlab-eval rebuilds the run from a checkpoint (resolving the environment's values again).
     stored = RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values)
     ranks = [WatchTheRanks(), StopTogetherOnSigterm()]  # a failed rank or a SIGTERM stops every rank
+    # A rank that makes no progress, or a SIGTERM that cannot stop at a batch boundary, ends the run.
+    hangs = HangWatch(
+        cfg.hang_timeout,
+        cfg.preempt_grace,
+        run.dir,
+        resume_from=lambda: run.resume_from,
+        record_failure=lambda trainer, reason, status: _record_stop(cfg, trainer, run, reason, status),
+    )
     callbacks = [
         run.stats,
         nonfinite,
@@ -259,6 +356,7 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         loader,
         stored,
         *ranks,
+        hangs,
         history,
         input_wait,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
@@ -282,13 +380,22 @@ def build_callbacks(
         if target.endswith("LearningRateMonitor") and not has_logger:
             log.info("callback %s left out: it logs to a logger and logger=none", name)
             continue
-        if target.endswith(("ModelCheckpoint", "run_checkpoints")):  # they write into the storage folder
-            made = instantiate(callback_cfg, dirpath=run.checkpoint_dir)
-        else:
-            made = instantiate(callback_cfg, _convert_="all")
+        with refused_in_one_line(f"callbacks.{name}", target):
+            if target.endswith(("ModelCheckpoint", "run_checkpoints")):  # they write into the storage folder
+                made = instantiate(callback_cfg, dirpath=run.checkpoint_dir)
+            else:
+                made = instantiate(callback_cfg, _convert_="all")
         callbacks.extend(made if isinstance(made, list) else [made])
         log.debug("callback %s: %s", name, made)
+    hangs = next(c for c in callbacks if isinstance(c, HangWatch))
+    callbacks.append(HeartbeatAfterYourCallbacks(hangs))  # after yours, before the checkpoints
     return combine(callbacks)
+
+
+def _record_stop(cfg: DictConfig, trainer: L.Trainer, run: Run, reason: str, status: str) -> None:
+    from litlab.run.lifecycle import write_summary
+
+    write_summary(cfg, trainer, run, status=status, error=reason)
 
 
 def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
@@ -307,11 +414,12 @@ def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
             **grouping_arguments(logger_cfg, sweep, run.dir if run else None),
             **credential_arguments(logger_cfg),
         }
-        try:
-            loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))
-        except InstantiationException as error:
-            if isinstance(error.__cause__, ImportError):  # Lightning's check for an optional package
-                raise missing_package(name, logger_cfg, error.__cause__) from None
-            raise
+        with refused_in_one_line(_part_name("logger", name), logger_cfg.get("_target_"), logger_cfg):
+            try:
+                loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))
+            except InstantiationException as error:
+                if isinstance(error.__cause__, ImportError):  # Lightning's check for an optional package
+                    raise missing_package(name, logger_cfg, error.__cause__) from None
+                raise
         check_wandb_login(logger_cfg)  # before fit, where wandb.init would fail with a traceback
     return loggers or False

@@ -36,6 +36,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.heartbeat import HEARTBEAT, CountingWriter
 from litlab.storage.roots import TEMPORARY_SUFFIX, copy_changed_files, failed_storage, writing
 
 log = logging.getLogger(__name__)
@@ -282,13 +283,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         failure = failed_storage(url)
         if failure is not None:
             raise failure
-        with writing(folder, name, url):
+        step = int(checkpoint.get("global_step", 0))
+        # The hang detector counts a write's bytes as progress: a large checkpoint is not a hang.
+        with writing(folder, name, url), HEARTBEAT.writing_checkpoint(step):
             if _is_local_file_protocol(path):
                 _save_locally(checkpoint, Path(url.removeprefix("file://")))
             else:
                 buffer = io.BytesIO()
-                torch.save(checkpoint, buffer)
+                torch.save(checkpoint, CountingWriter(buffer))
                 fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
+                HEARTBEAT.uploading(buffer.tell())  # one request, no progress of its own to count
                 fs.pipe_file(remote, buffer.getvalue())
         self.last_saved = (url, int(checkpoint.get("global_step", 0)))
 
@@ -298,7 +302,7 @@ def _save_locally(checkpoint: dict[str, Any], target: Path) -> None:
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
+            torch.save(checkpoint, CountingWriter(f))
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, target)

@@ -1,0 +1,446 @@
+"""A rank that is alive but makes no progress ends the run in one line, and so does a preemption
+whose ranks cannot reach a common batch boundary in time.
+
+Every rank beats from inside its loop (``litlab.heartbeat``: batch start, backward, optimizer step,
+batch end, validation, checkpoint bytes written). A watchdog thread per rank looks at its own beats
+every ``poll`` seconds and tells the other ranks (the store ``torch.distributed`` rendezvoused in,
+as ``litlab.launch.failures`` uses it) where it is and whether it is stalled: no beat for
+``hang_timeout`` seconds (three times that in a first step or validation; a checkpoint upload more
+by its size). When every rank is stalled, the run is hung: one rank claims the end, names the rank
+the others wait for (the fewest beats), and every rank writes the stacks of all its threads to
+``stacks-rank<N>.txt`` in the run folder, rank 0 writes summary.json ``failed``, and each prints
+the same line and ends. A rank that is still making progress (a long checkpoint write, a slow
+validation on one rank) keeps the run alive whatever the others wait for.
+
+SIGTERM (and Slurm's requeue signal) is noticed by the watchdog through ``signal.set_wakeup_fd``:
+the C-level handler writes to a pipe even while the main thread is blocked inside a collective,
+where a Python handler never runs. If the ranks have not reached the batch boundary
+``StopTogetherOnSigterm`` stops them at within ``preempt_grace`` seconds, the run exits 143 without
+a preempted checkpoint, saying so and what the next attempt resumes from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import psutil
+from lightning.pytorch.callbacks import Callback
+
+from litlab.heartbeat import (
+    DATA,
+    HEARTBEAT,
+    STARTING,
+    TESTING,
+    TRAINING,
+    VALIDATION,
+    State,
+    allowance,
+    describe,
+    order,
+)
+from litlab.launch import failures
+from litlab.storage.checkpoints import kept_checkpoint
+
+log = logging.getLogger("litlab")
+
+HANG_EXIT_CODE = 1  # a failed run, as a failed rank's
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+END_WITHIN_S = 45  # after deciding to end: stacks, summary.json, the children; then faulthandler ends it
+SUMMARY_WAIT_S = 10  # a summary.json write to a storage that stalls too is given up after this
+PY_SPY_S = 15
+# A record this much older than its rank's poll counts as stalled: that rank's watchdog cannot run.
+SILENT_AFTER_POLLS = 5
+PREEMPTION_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}  # SIGUSR1: Slurm's requeue signal
+
+
+def poll_interval(hang_timeout: float, preempt_grace: float) -> float:
+    """How often the watchdog looks: a twentieth of the shortest limit, between 0.1 s and 1 s."""
+    limits = [s for s in (hang_timeout, preempt_grace) if s > 0]
+    return min(1.0, max(0.1, min(limits, default=20) / 20))
+
+
+class HangWatch(Callback):
+    """Beats at the start of the loop's hooks (before your callbacks' hooks) and runs the watchdog
+    from setup to teardown. ``HeartbeatAfterYourCallbacks`` beats at the batch's end."""
+
+    def __init__(
+        self,
+        hang_timeout: float,
+        preempt_grace: float,
+        run_dir: Path,
+        resume_from: Callable[[], str | None],
+        record_failure: Callable[[L.Trainer, str, str], None],
+    ) -> None:
+        self.hang_timeout, self.preempt_grace = float(hang_timeout), float(preempt_grace)
+        self.run_dir = Path(run_dir)
+        self.resume_from, self.record_failure = resume_from, record_failure
+        self.trained = False  # a first training batch ended in this process
+        self.validated = False  # a first validation (not the sanity check) started in this process
+        self.watchdog: Watchdog | None = None
+
+    # --- the watchdog's life -----------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.hang_timeout <= 0 and self.preempt_grace <= 0:
+            return
+        HEARTBEAT.reset()
+        HEARTBEAT.beat(STARTING, trainer.global_step, first=not self.trained)
+        self.watchdog = Watchdog(self, trainer)
+        self.watchdog.start()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.watchdog is not None:
+            self.watchdog.notice_signals()  # in the main thread, as set_wakeup_fd needs
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
+        # Lightning skips the teardown hooks after an exception: a failed job of an in-process sweep
+        # must not leave a watchdog that ends the sweep's process later.
+        self.teardown(trainer, pl_module, "exception")
+
+    # --- beats at the start of hooks ---------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
+
+    def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
+        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, *args: Any) -> None:
+        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        first = trainer.sanity_checking or not self.validated  # the sanity check, the first real one
+        self.validated = self.validated or not trainer.sanity_checking
+        HEARTBEAT.beat(VALIDATION, trainer.global_step, first=first)
+
+    def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        HEARTBEAT.beat(VALIDATION, trainer.global_step, first=HEARTBEAT.state.first)
+
+    def on_test_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        HEARTBEAT.beat(TESTING, trainer.global_step, first=HEARTBEAT.state.first)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        HEARTBEAT.beat(TESTING, trainer.global_step, first=True)
+
+
+class HeartbeatAfterYourCallbacks(Callback):
+    """The batch's last beat, after every other callback's ``on_train_batch_end`` (yours included:
+    a callback stuck there is in the training step) and before the checkpoint callbacks (they beat
+    while writing): from here to the next batch start the rank waits for data."""
+
+    after_your_callbacks = True  # litlab.callbacks.combined: not run inside CombinedCallbacks
+
+    def __init__(self, watch: HangWatch) -> None:
+        self.watch = watch
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.watch.trained = True
+        HEARTBEAT.beat(DATA, trainer.global_step)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            HEARTBEAT.beat(DATA, trainer.global_step, first=not self.watch.trained)
+
+
+class Watchdog:
+    """This rank's watchdog thread (see the module's docstring)."""
+
+    def __init__(self, watch: HangWatch, trainer: L.Trainer) -> None:
+        self.watch, self.trainer = watch, trainer
+        self.rank = trainer.global_rank
+        self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
+        self.running = True
+        self.preempted_at: float | None = None
+        self.signal_pipe: tuple[int, int] | None = None
+        self.previous_wakeup_fd: int | None = None
+        self.thread = threading.Thread(target=self._run, name="litlab-hang-watchdog", daemon=True)
+        self.ending = threading.Lock()  # held by the one thread that ends this process
+
+    def start(self) -> None:
+        global _current
+        _current = self
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread at its next look; gives the wakeup fd back (the thread closes the pipe's read
+        end: closed here, its number could be reused while the thread reads it)."""
+        self.running = False
+        if self.signal_pipe is not None and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(self.previous_wakeup_fd if self.previous_wakeup_fd is not None else -1)
+            os.close(self.signal_pipe[1])
+
+    def notice_signals(self) -> None:
+        """Signals reach a pipe the watchdog reads, even while the main thread is stuck in C code."""
+        if self.watch.preempt_grace <= 0 or threading.current_thread() is not threading.main_thread():
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        try:
+            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_end)
+            os.close(write_end)
+            return
+        self.previous_wakeup_fd = previous if previous >= 0 else None
+        self.signal_pipe = (read_end, write_end)
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while self.running:
+            time.sleep(self.poll)
+            if not self.running:
+                break
+            try:
+                self.tick()
+            except Exception as error:  # the watchdog must never be what ends a healthy run
+                log.debug("hangs: watchdog tick failed: %s", error, exc_info=True)
+        if self.signal_pipe is not None:
+            os.close(self.signal_pipe[0])
+        # A run that went on (or finished) leaves no stale "where it is" behind.
+        (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
+
+    def tick(self) -> None:
+        state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
+        hang_timeout = self.watch.hang_timeout
+        stalled = hang_timeout > 0 and stalled_for > allowance(state, hang_timeout)
+        record = {
+            **asdict(state),
+            "stalled": stalled,
+            "stalled_for": round(stalled_for, 1),
+            "at": time.time(),
+        }
+        self._publish(record)
+        end = self._read("end")
+        if end is not None:
+            self.end(end["kind"], end["cause"])
+        self._look_for_preemption()
+        preempted_for = time.monotonic() - (self.preempted_at or time.monotonic())
+        if preempted_for > self.watch.preempt_grace and not HEARTBEAT.preempt_boundary_reached:
+            self.decide("preempt")
+        if stalled and self._every_rank_stalled():
+            self.decide("hang")
+
+    # --- what the ranks tell each other ------------------------------------------------------------
+
+    def _world(self) -> failures.World | None:
+        world = failures.current_world()
+        return world if world is not None and world.running and world.trainer is self.trainer else None
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        path = self.watch.run_dir / f"heartbeat-rank{self.rank}.json"
+        with contextlib.suppress(OSError):  # for people looking at a running job; never required
+            path.write_text(
+                json.dumps({**record, "phase_in_words": describe(State(**_state_fields(record)))})
+            )
+        self.records = {self.rank: record}
+        world = self._world()
+        if world is not None:
+            world._set(f"hang/beat/{self.rank}", record)
+            for rank in range(world.size):
+                found = world._get(f"hang/beat/{rank}") if rank != self.rank else None
+                if found is not None:
+                    self.records[rank] = found
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        world = self._world()
+        return world._get(f"hang/{key}") if world is not None else None
+
+    def _every_rank_stalled(self) -> bool:
+        world = self._world()
+        if world is None:
+            return True
+        silent_after = SILENT_AFTER_POLLS * self.poll + 5
+        for rank in range(world.size):
+            record = self.records.get(rank)
+            if record is None:
+                return False  # not watching yet: it is starting, or hang detection is off there
+            if not record["stalled"] and time.time() - record["at"] < silent_after:
+                return False
+        return True
+
+    def _look_for_preemption(self) -> None:
+        if self.preempted_at is not None or self.watch.preempt_grace <= 0:
+            return
+        received = b""
+        if self.signal_pipe is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                received = os.read(self.signal_pipe[0], 512)
+        if any(number in received for number in PREEMPTION_SIGNALS):
+            self.preempted_at = time.monotonic()
+            world = self._world()
+            if world is not None:
+                world._set("hang/preempted", {"rank": self.rank})
+        elif self._read("preempted") is not None:
+            self.preempted_at = time.monotonic()
+
+    # --- the end -----------------------------------------------------------------------------------
+
+    def decide(self, kind: str) -> None:
+        """Claim the run's end (one rank says why), or follow the rank that claimed it."""
+        world = self._world()
+        if world is not None:
+            try:
+                claimed = world.store.add(f"{world.prefix}/hang/claim", 1) == 1
+            except Exception:
+                claimed = True  # the store is gone with rank 0: say it from here
+            if not claimed:
+                return  # the claimant's record comes at a next tick
+        cause = self.hang_cause() if kind == "hang" else self.preemption_cause()
+        if world is not None:
+            world._set("hang/end", {"kind": kind, "cause": cause})
+        self.end(kind, cause)
+
+    def stuck(self) -> tuple[int, dict[str, Any]]:
+        rank = min(self.records, key=lambda r: (*order(State(**_state_fields(self.records[r]))), r))
+        return rank, self.records[rank]
+
+    def hang_cause(self) -> str:
+        rank, record = self.stuck()
+        where = describe(State(**_state_fields(record)))
+        who = f"rank {rank}" if self._world() is not None else "the run"
+        stacks = self.watch.run_dir / (
+            "stacks-rank*.txt" if self._world() is not None else "stacks-rank0.txt"
+        )
+        return (
+            f"{who} made no progress for {record['stalled_for']:.0f} s in {where} "
+            f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
+        )
+
+    def preemption_cause(self) -> str:
+        rank, record = self.stuck()
+        where = describe(State(**_state_fields(record)))
+        who = f"rank {rank} is" if self._world() is not None else "it is"
+        return (
+            f"SIGTERM: the ranks did not reach a common batch boundary within "
+            f"preempt_grace={self.watch.preempt_grace:g} s ({who} in {where}); "
+            f"stacks of every thread: {self.watch.run_dir / 'stacks-rank*.txt'}"
+        )
+
+    def end(self, kind: str, cause: str) -> None:
+        """Stacks, summary.json (rank 0), the line, and the end of this process and its children."""
+        if not self.ending.acquire(blocking=False):
+            while True:  # another thread of this process is ending it
+                time.sleep(1)
+        self.running = False
+        faulthandler.dump_traceback_later(END_WITHIN_S, exit=True)  # whatever blocks below
+        code = HANG_EXIT_CODE if kind == "hang" else PREEMPTED_EXIT_CODE
+        world = failures.current_world()
+        if world is not None:
+            world.running = False  # the ranks' watchdog does not report peers that end now
+        self.dump_stacks()
+        if kind == "hang":
+            kept = (
+                world.kept()
+                if world is not None
+                else f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
+            )
+            reason = f"{cause}; every rank stopped; {kept}"
+            status = "failed"
+        else:
+            resumes = self.resume_point()
+            reason = f"{cause}; no preempted checkpoint was written; the next attempt resumes from {resumes}"
+            status = "interrupted"
+        log.error(reason)
+        if self.trainer.is_global_zero:
+            self._record(reason, status)
+        if world is not None:
+            world.wait_for_children()  # they end by themselves at their next tick; killed at the deadline
+        _end_child_processes()  # DataLoader workers (one may be the stuck part), py-spy
+        sys.stderr.write(f"litlab: error: {reason}\n")
+        sys.stderr.flush()
+        os._exit(code)
+
+    def resume_point(self) -> str:
+        if not self.trainer.is_global_zero:
+            return "the newest checkpoint rank 0 wrote"
+        saved = getattr(getattr(self.trainer.strategy, "checkpoint_io", None), "last_saved", None)
+        if saved is not None:
+            return f"{saved[0]} (step {saved[1]})"
+        started_from = self.watch.resume_from()
+        if started_from:
+            return f"{started_from}, the checkpoint this attempt started from"
+        return "the start: no checkpoint was written yet"
+
+    def _record(self, reason: str, status: str) -> None:
+        writer = threading.Thread(
+            target=self.watch.record_failure, args=(self.trainer, reason, status), daemon=True
+        )
+        writer.start()
+        writer.join(SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
+        if writer.is_alive():
+            log.warning("summary.json: the storage's copy was not written in %d s", SUMMARY_WAIT_S)
+
+    def dump_stacks(self) -> None:
+        """Every thread's Python stack (faulthandler), and the native ones when py-spy is installed."""
+        path = self.watch.run_dir / f"stacks-rank{self.rank}.txt"
+        state = HEARTBEAT.state
+        try:
+            with open(path, "w") as file:
+                file.write(f"rank {self.rank} (pid {os.getpid()}), in {describe(state)}\n\n")
+                file.flush()
+                faulthandler.dump_traceback(file=file, all_threads=True)
+                py_spy = shutil.which("py-spy")
+                if py_spy:
+                    file.write("\npy-spy dump --native:\n")
+                    file.flush()
+                    with contextlib.suppress(OSError, subprocess.SubprocessError):
+                        subprocess.run(
+                            [py_spy, "dump", "--native", "--pid", str(os.getpid())],
+                            stdout=file,
+                            stderr=subprocess.STDOUT,
+                            timeout=PY_SPY_S,
+                        )
+        except OSError as error:
+            log.warning("hangs: stacks not written to %s: %s", path, error)
+
+
+_current: Watchdog | None = None  # this process's newest
+
+
+def follow_an_ending_run() -> None:
+    """Called where a rank's own failure is about to end it (a collective failed because a peer
+    ended): if the ranks are ending a hang or a preemption, this rank ends as they do, with their
+    line, and this never returns. Otherwise it returns at once."""
+    watchdog = _current
+    if watchdog is None:
+        return
+    if watchdog.ending.locked():
+        while True:  # the watchdog's thread is ending this process
+            time.sleep(1)
+    world = failures.current_world()
+    end = world._get("hang/end") if world is not None and world.trainer is watchdog.trainer else None
+    if end is not None:
+        watchdog.end(end["kind"], end["cause"])
+
+
+def _end_child_processes() -> None:
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def _state_fields(record: dict[str, Any]) -> dict[str, Any]:
+    return {name: record[name] for name in State.__dataclass_fields__ if name in record}
