@@ -109,9 +109,7 @@ def pool_ids(devices: Any, gpus: list[str] | None) -> list[str]:
     if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
         if gpus and devices > len(gpus):
             shown = ",".join(gpus)
-            raise ValueError(
-                f"hydra.launcher.devices={devices}: this machine shows {len(gpus)} GPUs ({shown})"
-            )
+            raise ValueError(f"hydra.launcher.devices={devices}: the sweep sees {len(gpus)} GPUs ({shown})")
         return list(gpus[:devices]) if gpus else [str(i) for i in range(devices)]
     if isinstance(devices, (list, tuple, ListConfig)):
         ids = [str(d).strip() for d in devices]
@@ -126,7 +124,7 @@ def cpu_share(slot: int, slots: int, cores: Sequence[int]) -> list[int]:
     own, shared with other slots, when there are fewer cores than slots)."""
     cores = sorted(cores)
     share = cores[slot * len(cores) // slots : (slot + 1) * len(cores) // slots]
-    return share or [cores[slot % len(cores)]]
+    return share or [cores[slot * len(cores) // slots]]
 
 
 @dataclass
@@ -177,27 +175,32 @@ class DeviceSchedule:
                 return job
         return None
 
-    def take(self, need: int) -> tuple[list[str], list[int]]:
+    def take(self, need: int) -> Taken:
         """Occupy one slot on each of ``need`` free ids: the ids (in pool order) and their CPU cores."""
         chosen = self.free_ids()[:need]
         if len(chosen) < need:
             raise RuntimeError(f"{need} devices asked for, {len(chosen)} free")
-        cores: list[int] = []
+        slots, cores = [], set()
         for device in chosen:
             slot = min(set(range(self.jobs_per_device)) - self.busy[device])
             self.busy[device].add(slot)
+            slots.append((device, slot))
             number = self.ids.index(device) * self.jobs_per_device + slot
-            cores += cpu_share(number, self.size * self.jobs_per_device, self.cores)
-        return sorted(chosen, key=self.ids.index), sorted(set(cores))
+            cores.update(cpu_share(number, self.size * self.jobs_per_device, self.cores))
+        return Taken(sorted(chosen, key=self.ids.index), sorted(cores), slots)
 
-    def give_back(self, taken: Sequence[str], cores: Sequence[int]) -> None:
-        """Free what ``take`` gave: one slot on each id (the slot whose cores these are)."""
-        for device in taken:
-            for slot in sorted(self.busy[device]):
-                number = self.ids.index(device) * self.jobs_per_device + slot
-                if set(cpu_share(number, self.size * self.jobs_per_device, self.cores)) <= set(cores):
-                    self.busy[device].discard(slot)
-                    break
+    def give_back(self, taken: Taken) -> None:
+        for device, slot in taken.slots:
+            self.busy[device].discard(slot)
+
+
+@dataclass
+class Taken:
+    """What a started job holds: device ids (in pool order), CPU cores, and the slots behind them."""
+
+    ids: list[str]
+    cores: list[int]
+    slots: list[tuple[str, int]]
 
 
 def simulate(needs: Sequence[int], lengths: Sequence[float], schedule: DeviceSchedule) -> list[dict]:
@@ -206,18 +209,18 @@ def simulate(needs: Sequence[int], lengths: Sequence[float], schedule: DeviceSch
     and for reading the order without starting processes."""
     queue = [Pending(i, n) for i, n in enumerate(needs) if schedule.fits_ever(n)]
     result: list[dict | None] = [None] * len(needs)
-    running: list[tuple[float, int, list[str], list[int]]] = []
+    running: list[tuple[float, int, Taken]] = []
     now = 0.0
     while queue or running:
         while (job := schedule.next_to_start(queue)) is not None:
             queue.remove(job)
-            ids, cores = schedule.take(job.need)
-            running.append((now + lengths[job.index], job.index, ids, cores))
-            result[job.index] = {"start": now, "ids": ids, "cores": cores}
-        running.sort()
-        end, index, ids, cores = running.pop(0)
+            taken = schedule.take(job.need)
+            running.append((now + lengths[job.index], job.index, taken))
+            result[job.index] = {"start": now, "ids": taken.ids, "cores": taken.cores}
+        running.sort(key=lambda r: r[:2])
+        end, index, taken = running.pop(0)
         now = end
-        schedule.give_back(ids, cores)
+        schedule.give_back(taken)
         result[index]["end"] = end
     return result
 
@@ -237,6 +240,7 @@ class _Job:
     env: dict[str, str]
     devices: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
+    taken: Taken | None = None
     process: subprocess.Popen | None = None
     output: IO[bytes] | None = None
     start: str | None = None
@@ -383,7 +387,7 @@ class DevicePoolLauncher(Launcher):
                 for index, job in list(self._running.items()):
                     if job.process.poll() is not None:
                         del self._running[index]
-                        schedule.give_back(job.devices, job.cores)
+                        schedule.give_back(job.taken)
                         on_done(index, self._finish(job))
         finally:
             for sig, handler in previous.items():
@@ -522,15 +526,20 @@ class DevicePoolLauncher(Launcher):
     def _start(self, job: _Job, schedule: DeviceSchedule, gpu_pool: bool) -> None:
         from litlab.launch.multirun import SWEEP_JOB_ENV
 
-        job.devices, job.cores = schedule.take(job.need)
+        job.taken = schedule.take(job.need)
+        job.devices, job.cores = job.taken.ids, job.taken.cores
         job.start, job.start_s = _utc_now(), time.monotonic()
         for other in self._running.values():
             other.beside.add(job.index)
             job.beside.add(other.index)
         env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
         env[SWEEP_JOB_ENV] = json.dumps(self._sweep_record(job))
-        # Torch's threads: the job's cores, split between its ranks (each rank is a process).
-        env["OMP_NUM_THREADS"] = str(max(1, len(job.cores) // max(1, job.need)))
+        # Torch's threads: the job's cores, split between its ranks (each rank is a process); never
+        # more than an OMP_NUM_THREADS the sweep was given.
+        threads = max(1, len(job.cores) // max(1, job.need))
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
+        env["OMP_NUM_THREADS"] = str(threads)
         if gpu_pool:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
         job.output = open(job.dir / "output.log", "ab")  # noqa: SIM115  (closed when the job ends)
