@@ -326,19 +326,12 @@ class DevicePoolLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         try:
-            ids = pool_ids(
-                self.devices,
-                visible_gpus() if self.devices is None or isinstance(self.devices, int) else None,
-            )
-            cores = (
-                sorted(os.sched_getaffinity(0))
-                if hasattr(os, "sched_getaffinity")
-                else list(range(os.cpu_count() or 1))
-            )
-            schedule = DeviceSchedule(ids, int(self.jobs_per_device), cores)
+            gpus = visible_gpus()
+            ids = pool_ids(self.devices, gpus)
+            schedule = DeviceSchedule(ids, int(self.jobs_per_device), _usable_cores())
         except ValueError as error:
             raise SystemExit(f"litlab: error: {error}") from None
-        gpu_pool = visible_gpus() is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
+        gpu_pool = gpus is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
         log.info(
             "Launching %s on a pool of %d device%s (%s), %d job%s per device",
@@ -578,10 +571,10 @@ class DevicePoolLauncher(Launcher):
             return self._job_return(job, {})
         if stored is None:
             HydraConfig.instance().set_config(job.config)
-            summary = self._failed_summary(
-                job, f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
+            error = _error_line(job.dir / "output.log") or (
+                f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
             )
-            stored = summary.to_dict()
+            stored = self._failed_summary(job, error).to_dict()
         elif returncode != 0 and stored.get("status") == COMPLETED:
             stored["status"], stored["error"] = FAILED, f"the job's process {describe_exit(returncode)}"
         stored["sweep"] = {**(stored.get("sweep") or {}), **self._sweep_record(job)}
@@ -633,6 +626,24 @@ class DevicePoolLauncher(Launcher):
             (summary.get("metrics") or {}).get(metric) if summary.get("status") == "completed" else None
         )
         return ret
+
+
+def _error_line(output: Path) -> str | None:
+    """The one-line error a litlab command printed last (``litlab: error: ...``), without its prefix:
+    why a job's process stopped before it could write a summary (a bad value the preflight found)."""
+    prefix = "litlab: error: "
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)]
+    return errors[-1] if errors else None
+
+
+def _usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def _ranges(cores: Sequence[int]) -> str:
