@@ -86,7 +86,7 @@ class Settings:
     cases: tuple[str, ...] = tuple(STEP_CASES)
     # Pool efficiency: seconds each job waits after training (its known, unequal length), the
     # jobs' settings. A long job first and short ones: the short ones share the other device.
-    pool_holds: tuple[float, ...] = (12, 3, 3, 3, 6, 3)
+    pool_holds: tuple[float, ...] = (12, 2, 3, 4, 6, 2.5)
     pool_overrides: tuple[str, ...] = ("model=mlp", "trainer.max_epochs=1", "test_after_fit=false")
     # The 9-job sweep, timed on a pool of 1 and of 2 devices.
     grid_overrides: tuple[str, ...] = ("sweep=precision_accumulation", "trainer.max_epochs=1")
@@ -109,7 +109,7 @@ class Settings:
             steps=dict.fromkeys(STEP_CASES, 30),
             warmup_steps=5,
             cases=("cnn-digits",),
-            pool_holds=(1, 0, 0),
+            pool_holds=(1, 0.5, 0),
             pool_overrides=("model=mlp", *TINY_RUN),
             grid_overrides=(
                 "sweep=precision_accumulation",

@@ -56,7 +56,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     # The pool's sweep: every job timed by its own record, the efficiency from those times; the
     # grid's jobs all finished.
     pool, grid = report["sweep"]["pool"], report["sweep"]["grid"]
-    assert [job["hold_s"] for job in pool["jobs"]] == [1, 0, 0]
+    assert [job["hold_s"] for job in pool["jobs"]] == [1, 0.5, 0]
     lengths = [job["seconds"] for job in pool["jobs"]]
     assert pool["ideal_s"] == pytest.approx(max(max(lengths), sum(lengths) / 2))
     assert pool["makespan_s"] == pytest.approx(max(j["start_s"] + j["seconds"] for j in pool["jobs"]))

@@ -238,6 +238,7 @@ class _Job:
     command: list[str]
     need: int
     env: dict[str, str]
+    identity: str | None = None  # the run identity (train jobs): its storage folder and lock
     devices: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     taken: Taken | None = None
@@ -352,7 +353,7 @@ class DevicePoolLauncher(Launcher):
                 # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
                 while more and self._stop_signal is None:
                     if not queue_all:
-                        pending = [Pending(j.index, j.need) for j in queue.values()]
+                        pending = self._startable(queue)
                         if not schedule.has_free_slot() or schedule.next_to_start(pending) is not None:
                             break
                         if len(queue) >= schedule.size * schedule.jobs_per_device:
@@ -369,7 +370,7 @@ class DevicePoolLauncher(Launcher):
                         on_done(index, job)
                 # Start what fits.
                 while self._stop_signal is None:
-                    chosen = schedule.next_to_start([Pending(j.index, j.need) for j in queue.values()])
+                    chosen = schedule.next_to_start(self._startable(queue))
                     if chosen is None:
                         break
                     self._start(queue.pop(chosen.index), schedule, gpu_pool)
@@ -391,6 +392,20 @@ class DevicePoolLauncher(Launcher):
             name = signal.Signals(self._stop_signal).name
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
             raise SystemExit(128 + self._stop_signal)
+
+    def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
+        """Queued jobs that may start: not one whose run identity a running job holds (the same
+        overrides twice, e.g. ``seed=1,1``: the second waits, then finds the run completed)."""
+        held = {job.identity for job in self._running.values()}
+        return [
+            Pending(j.index, j.need) for j in queue.values() if j.identity is None or j.identity not in held
+        ]
+
+    @staticmethod
+    def _identity(task_cfg: DictConfig) -> str | None:
+        from litlab.run.identity import run_identity
+
+        return run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is None:
@@ -449,7 +464,7 @@ class DevicePoolLauncher(Launcher):
         need = device_count(devices)
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
             need = 1 if accelerator == "cpu" else schedule.size
-        job = _Job(index, config, job_dir, command, need, dict(queued.env))
+        job = _Job(index, config, job_dir, command, need, dict(queued.env), self._identity(task_cfg))
         if isinstance(nodes, int) and nodes > 1:
             return self._not_started(
                 job, f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
