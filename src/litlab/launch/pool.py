@@ -475,6 +475,14 @@ class DevicePoolLauncher(Launcher):
                 f"the job needs {need} devices (trainer.devices={devices}) and the pool has {schedule.size} "
                 f"({','.join(schedule.ids)}): set hydra.launcher.devices",
             )
+        if task_cfg.get("task_name") == "train":  # a bad value: a failed row at once, no process
+            from litlab.config.preflight import check_train_config
+            from litlab.config.rules import ConfigError
+
+            try:
+                check_train_config(config, list(config.hydra.overrides.task))
+            except ConfigError as error:
+                return self._not_started(job, str(error))
         completed = self._completed_summary(task_cfg)
         if completed is not None:
             log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
