@@ -389,7 +389,11 @@ class DevicePoolLauncher(Launcher):
             for job in self._running.values():  # an error in the sweep itself: its jobs stop too
                 self._terminate(job)
         if self._stop_signal is not None:
+            from litlab.run.summary import INTERRUPTED
+
             name = signal.Signals(self._stop_signal).name
+            for job in queue.values():  # their folders exist: say why they hold no run
+                self._not_started(job, f"the sweep was stopped by {name} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
             raise SystemExit(128 + self._stop_signal)
 
@@ -630,9 +634,11 @@ class DevicePoolLauncher(Launcher):
             sweep=self._sweep_record(job),
         )
 
-    def _not_started(self, job: _Job, error: str) -> JobReturn:
+    def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
         log.error("job %d not started: %s", job.index, error)
+        HydraConfig.instance().set_config(job.config)
         summary = self._failed_summary(job, error)
+        summary.status = status
         summary.write(job.dir / "summary.json")
         return self._job_return(job, summary.to_dict())
 
