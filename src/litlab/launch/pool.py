@@ -608,8 +608,8 @@ class DevicePoolLauncher(Launcher):
         path.write_text(json.dumps(stored, indent=2, default=str) + "\n")
         status = stored.get("status")
         took = time.monotonic() - job.start_s
-        if status == COMPLETED:
-            log.info("job %d completed in %.1f s", job.index, took)
+        if status != FAILED:  # completed, interrupted (a signal), or an entry point's own outcome
+            log.info("job %d %s in %.1f s", job.index, status or "ended", took)
         else:
             log.error(
                 "job %d %s after %.1f s: %s (%s)",
