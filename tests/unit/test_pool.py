@@ -43,6 +43,15 @@ def test_a_value_that_is_not_a_pool_is_one_line_naming_it(devices, gpus, message
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("jobs_per_device", [0, -1, "two", True])
+def test_jobs_per_device_is_a_count_of_one_or_more(jobs_per_device):
+    with pytest.raises(ValueError) as error:
+        DeviceSchedule(["0"], jobs_per_device)
+    assert str(error.value) == (
+        f"hydra.launcher.jobs_per_device={jobs_per_device} is not allowed: use an int >= 1"
+    )
+
+
 def starts(plan: list[dict | None]) -> list[float | None]:
     return [None if job is None else job["start"] for job in plan]
 

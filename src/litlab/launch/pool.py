@@ -142,7 +142,7 @@ class DeviceSchedule:
     the least loaded first."""
 
     def __init__(self, ids: Sequence[str], jobs_per_device: int = 1, cores: Sequence[int] = (0,)) -> None:
-        if jobs_per_device < 1:
+        if not isinstance(jobs_per_device, int) or isinstance(jobs_per_device, bool) or jobs_per_device < 1:
             raise ValueError(
                 f"hydra.launcher.jobs_per_device={jobs_per_device} is not allowed: use an int >= 1"
             )
@@ -329,7 +329,7 @@ class DevicePoolLauncher(Launcher):
         try:
             gpus = visible_gpus()
             ids = pool_ids(self.devices, gpus)
-            schedule = DeviceSchedule(ids, int(self.jobs_per_device), _usable_cores())
+            schedule = DeviceSchedule(ids, self.jobs_per_device, _usable_cores())
         except ValueError as error:
             raise SystemExit(f"litlab: error: {error}") from None
         gpu_pool = gpus is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
