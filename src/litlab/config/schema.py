@@ -176,7 +176,6 @@ class TrainConfig:
     on_nonfinite: str = MISSING  # rules.NONFINITE_ACTIONS
     hang_timeout: float = MISSING  # seconds without progress before the run ends; 0: off
     preempt_grace: float = MISSING  # seconds after SIGTERM to reach a batch boundary
-    sweep_isolation: str = MISSING  # rules.SWEEP_ISOLATION
     oom: OomConfig = MISSING
     tune: TuneConfig = MISSING
 

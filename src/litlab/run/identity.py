@@ -19,7 +19,6 @@ _NOT_IDENTITY = (
     "storage.",
     "hydra/",
     "storage=",
-    "sweep_isolation",
 )
 
 

@@ -56,7 +56,8 @@ class Summary:
     wall_time_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    sweep: dict[str, Any] | None = None  # sweep dir, job number, and which process ran the job
+    # A multirun job's place: dir, job_num; under the pool also devices, start, end, beside, command.
+    sweep: dict[str, Any] | None = None
     world: dict[str, Any] | None = None  # the process group and steps per rank, checked after fit
     torch_flags: dict[str, Any] | None = None  # process-wide torch settings while training
     nonfinite: dict[str, Any] | None = None
