@@ -303,7 +303,8 @@ def _row(
     if base is not None and first.completed and base[0].completed:
         base_row = _row(base, None, metric, test_metric, swept, mode, repeat_key)
         row["speed_up"] = _ratio(row["samples_per_second"], base_row["samples_per_second"])
-        if row["speed_up"] is not None:
+        tested = base is not runs  # the baseline against itself is 1.0x and +0, not a test
+        if row["speed_up"] is not None and tested:
             p_value = welch_p_value(row["samples_per_second_values"], base_row["samples_per_second_values"])
             row["speed_up_p_value"], row["speed_up_significant"] = p_value, significant(p_value)
         if base_row["memory_kind"] == row["memory_kind"]:
@@ -311,6 +312,7 @@ def _row(
         base_metric = base_row["metric"]
         if _finite(row["metric"]) and _finite(base_metric):
             row["metric_delta"] = row["metric"] - base_metric
+        if row["metric_delta"] is not None and tested:
             p_value = welch_p_value(row["metric_values"], base_row["metric_values"])
             row["metric_delta_p_value"], row["metric_delta_significant"] = p_value, significant(p_value)
         if _finite(base_metric):

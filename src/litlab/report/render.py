@@ -254,7 +254,7 @@ def _p_value_note(p_value: Any) -> str:
 
 
 def _p_text(p_value: float) -> str:
-    return f"{p_value:.2g}" if p_value >= 0.001 else "<0.001"
+    return f"{p_value:.2g}"
 
 
 def _names(rows: list[dict[str, Any]]) -> str:
