@@ -292,6 +292,7 @@ def test_rows_whose_jobs_shared_the_node_are_marked_with_one_line_on_solo_timing
 
 
 def test_litlab_compare_groups_seeds_gathered_from_several_sweeps(tmp_path):
+    """litlab-compare MONDAY TUESDAY --out OUT: the seeds of both sweeps are one row per configuration."""
     seed_grid(tmp_path / "monday", seeds=(1, 2))
     seed_grid(tmp_path / "tuesday", seeds=(3,))
     seed_grid(tmp_path / "together")
