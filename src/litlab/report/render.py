@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,8 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
             for bar, hatch in zip(bars, hatches, strict=True):
                 bar.set_hatch(hatch)
         for position, row, value in zip(positions, rows, throughput, strict=True):
+            top = row[f"{throughput_name}_ci95_high"]
+            value = max(value, top) if _finite(top) else value  # the note above the error bar
             note = f"{report.metric}\n{row['metric']:.3f}" if _finite(row["metric"]) else "no metric"
             failed = row["status"] != COMPLETED
             if row["status"] == PRUNED:
@@ -517,13 +520,13 @@ def _config_label(row: dict[str, Any], report: Report) -> str:
 
 def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
     """Matplotlib's asymmetric yerr: distances from each mean down and up to its interval's ends
-    (0 where a row has no interval: one run, or no figure)."""
+    (none where a row has no interval: one run, or no figure)."""
     below, above = [], []
     for row in rows:
         mean, low, high = row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"]
         has_interval = _finite(mean) and _finite(low) and _finite(high)
-        below.append(mean - low if has_interval else 0.0)
-        above.append(high - mean if has_interval else 0.0)
+        below.append(mean - low if has_interval else math.nan)  # nan: no error bar drawn
+        above.append(high - mean if has_interval else math.nan)
     return [below, above]
 
 
