@@ -132,9 +132,9 @@ def build_report(
         rows.append(_row(group, base, metric, test_metric, settings, mode, repeat_key))
     counted = [row["tokens_per_second"] for row in rows if row["status"] == COMPLETED]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
-    report = Report(rows, metric, mode, test_metric, baseline, settings, context_keys, unit)
-    report.repeat_key = repeat_key
-    return report
+    return Report(
+        rows, metric, mode, test_metric, baseline, settings, context_keys, unit, repeat_key=repeat_key
+    )
 
 
 def _configurations(
@@ -144,7 +144,7 @@ def _configurations(
     with the same devices x nodes, config group options, value of every swept setting and
     command-line overrides are one (they differ at most in ``repeat_key``, the seed); a run that did
     not complete is one of its own."""
-    repeat_keys = {repeat_key, "hydra", *_NOT_SETTINGS}
+    not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
     groups: dict[str, list[RunResult]] = {}
     for index, run in enumerate(runs):
         if not run.completed:
@@ -152,7 +152,7 @@ def _configurations(
             continue
         options = {k: v for k, v in (run.summary.groups or {}).items() if k not in _NOT_SETTINGS}
         settings_values = [_lookup(run, k) for k in settings]
-        overrides = sorted(o for o in run.summary.overrides or [] if _override_key(o) not in repeat_keys)
+        overrides = sorted(o for o in run.summary.overrides or [] if _override_key(o) not in not_identity)
         identity = [run.summary.devices, run.summary.num_nodes, options, settings_values, overrides]
         groups.setdefault(json.dumps(identity, default=str), []).append(run)
     return list(groups.values())
