@@ -4,8 +4,10 @@
     litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
     litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric test/acc
 
-Writes report.md, report.csv and report.png: one row per run, with speed-up, memory ratio and metric
-delta against a baseline run (``litlab.report``).
+Writes report.md, report.csv and report.png: one row per configuration, with speed-up, memory ratio
+and metric delta against a baseline (``litlab.report``). Runs that differ only in their seed, from
+one sweep or gathered from several, are one row: n runs, the mean and 95 % confidence interval of
+each figure, and Welch's t-test of the speed-up and the metric delta against the baseline's runs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``litlab-compare``."""
     parser = argparse.ArgumentParser(
         prog="litlab-compare",
-        description="Compare runs: report.md, report.csv and report.png from their summary.json files.",
+        description="Compare runs: report.md, report.csv and report.png from their summary.json files. "
+        "Runs that differ only in their seed are one row, with the mean and 95% confidence interval "
+        "of each figure and Welch's t-test against the baseline.",
     )
     parser.add_argument("paths", nargs="+", type=Path, help="sweep directories and/or run directories")
     parser.add_argument(

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 class SweepReport(Callback):
     """Hydra callback (``hydra.callbacks``): writes the report into the sweep directory when a
-    multirun ends, then exits non-zero if any job failed, so scripts notice."""
+    multirun ends, then exits non-zero if any job failed, so scripts notice (a pruned Optuna trial
+    is not a failure)."""
 
     def __init__(
         self, baseline: str = DEFAULT_BASELINE, metric: str | None = None, tasks: Sequence[str] = ("train",)
@@ -44,7 +45,7 @@ class SweepReport(Callback):
         report = self._report(Path(config.hydra.sweep.dir))
         if report is None or report.failed:
             if report is not None:
-                log.error("%d of %d jobs failed (see report.md)", len(report.failed), len(report.rows))
+                log.error("%d of %d jobs failed (see report.md)", len(report.failed), report.run_count)
             # Hydra turns an exception raised by a callback into a warning; SystemExit gets through.
             raise SystemExit(1)
 

@@ -1,8 +1,11 @@
-"""Compare runs: one row per run, each against its baseline run (speed-up, memory ratio, metric delta).
+"""Compare runs: one row per configuration, each against its baseline (speed-up, memory ratio, metric
+delta). Runs that differ only in their seed are one configuration: its row has their mean and 95 %
+confidence interval, and Welch's t-test against the baseline's runs (``litlab.report.stats``).
 
-The baseline of a row is the first completed run that matches ``baseline`` (``key=value ...``) and
-has the same devices x nodes and the same value of every other key the runs were swept over.
-Ratios are only ever computed between completed runs. ``litlab.report.render`` writes the result;
+The baseline of a row is the first completed configuration that matches ``baseline`` (``key=value
+...``) and has the same devices x nodes and the same value of every other key the runs were swept
+over. Ratios are only ever computed between completed runs; a pruned Optuna trial is a row of its
+own, neither compared nor a failure. ``litlab.report.render`` writes the result;
 ``litlab.report.callback.SweepReport`` does both at the end of every multirun.
 """
 
@@ -19,10 +22,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.report.collect import CompareError, RunResult, collect_runs
+from litlab.report.stats import Estimate, estimate, significant, welch_p_value
+from litlab.run.summary import COMPLETED, PRUNED
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
+# Runs that differ only in this key are repeats of one configuration: one row, with statistics.
+REPEAT_KEY = "seed"
 REPORT_FILES = ("report.md", "report.csv", "report.png")
 
 # Baseline keys may name a summary.json field; they mean the config key the user sweeps.
@@ -53,19 +60,29 @@ _NOT_SETTINGS = {"sweep", "hparams_search"}
 
 @dataclass
 class Report:
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # one per configuration: its completed runs together, others alone
     metric: str
     metric_mode: str  # "max": higher is better; "min": lower is better (a loss, a perplexity)
     test_metric: str | None
     baseline: str
-    swept_keys: list[str]  # override keys whose value differs between the runs
+    swept_keys: list[str]  # override keys whose value differs between the configurations
     context_keys: list[str]  # besides devices x nodes, what a row and its baseline share
     throughput_unit: str = "samples"  # "tokens" when every completed run counted tokens
     sources: list[Path] = field(default_factory=list)
+    repeat_key: str | None = None  # "seed" when the runs were repeated with several seeds
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        return [row for row in self.rows if row["status"] != "completed"]
+        """Rows of runs that did not complete; a pruned trial is not a failure."""
+        return [row for row in self.rows if row["status"] not in (COMPLETED, PRUNED)]
+
+    @property
+    def pruned(self) -> list[dict[str, Any]]:
+        return [row for row in self.rows if row["status"] == PRUNED]
+
+    @property
+    def run_count(self) -> int:
+        return sum(row["n"] for row in self.rows)
 
 
 def build_report(
@@ -74,10 +91,15 @@ def build_report(
     metric: str | None = None,
     metric_mode: str | None = None,
 ) -> Report:
-    """One row per run, each compared with its baseline: the first completed run that matches
-    ``baseline`` (``key=value ...``) and has the same devices x nodes and the same value of every
-    other key the runs were swept over. Naming ``trainer.devices`` in ``baseline`` compares every
-    device count with that one run."""
+    """One row per configuration, each compared with its baseline configuration.
+
+    Completed runs that differ only in ``seed`` (or not at all) are one configuration: its row has
+    their number n, the mean and 95 % confidence interval of each figure, and Welch's t-test of its
+    runs against the baseline's (``litlab.report.stats``). A run that did not complete is a row of
+    its own. The baseline is the first completed configuration that matches ``baseline``
+    (``key=value ...``) and has the same devices x nodes and the same value of every other key the
+    runs were swept over. Naming ``trainer.devices`` in ``baseline`` compares every device count with
+    that one configuration; naming ``seed`` compares single seeds instead of grouping them."""
     if not runs:
         raise CompareError("no runs to compare")
     spec = parse_baseline(baseline)
@@ -88,26 +110,52 @@ def build_report(
     mode = metric_mode or (optimized_mode if twin else "max")
     test_metric = "test/" + metric.split("/", 1)[1] if metric.startswith("val/") else None
     swept = _swept_keys(runs)
-    context_keys = [k for k in swept if k not in spec and k not in _DEVICE_KEYS]
+    repeat_key = REPEAT_KEY if REPEAT_KEY in swept and REPEAT_KEY not in spec else None
+    settings = [k for k in swept if k != repeat_key]
+    context_keys = [k for k in settings if k not in spec and k not in _DEVICE_KEYS]
     compare_devices = not (_DEVICE_KEYS & spec.keys())
 
     def context(run: RunResult) -> str:
         devices = [run.summary.devices, run.summary.num_nodes] if compare_devices else []
         return json.dumps([*devices, *(_lookup(run, k) for k in context_keys)], default=str)  # lists too
 
-    contexts = [context(run) for run in runs]
-    baselines: dict[str, RunResult] = {}
-    for run, key in zip(runs, contexts, strict=True):
-        if run.completed and all(_same(_lookup(run, k), v) for k, v in spec.items()):
-            baselines.setdefault(key, run)
+    configurations = _configurations(runs, settings, repeat_key)
+    contexts = [context(group[0]) for group in configurations]
+    baselines: dict[str, list[RunResult]] = {}
+    for group, key in zip(configurations, contexts, strict=True):
+        if group[0].completed and all(_same(_lookup(group[0], k), v) for k, v in spec.items()):
+            baselines.setdefault(key, group)
     rows = []
-    for run, key in zip(runs, contexts, strict=True):
-        # A run alone in its context (every Optuna trial) has nothing to be compared with.
+    for group, key in zip(configurations, contexts, strict=True):
+        # A configuration alone in its context (every Optuna trial) has nothing to be compared with.
         base = baselines.get(key) if contexts.count(key) > 1 else None
-        rows.append(_row(run, base, metric, test_metric, swept, mode))
-    counted = [row["tokens_per_second"] for row in rows if row["status"] == "completed"]
+        rows.append(_row(group, base, metric, test_metric, settings, mode, repeat_key))
+    counted = [row["tokens_per_second"] for row in rows if row["status"] == COMPLETED]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
-    return Report(rows, metric, mode, test_metric, baseline, swept, context_keys, unit)
+    return Report(
+        rows, metric, mode, test_metric, baseline, settings, context_keys, unit, repeat_key=repeat_key
+    )
+
+
+def _configurations(
+    runs: Sequence[RunResult], settings: list[str], repeat_key: str | None
+) -> list[list[RunResult]]:
+    """The runs grouped into configurations, in the order of each one's first run: completed runs
+    with the same devices x nodes, config group options, value of every swept setting and
+    command-line overrides are one (they differ at most in ``repeat_key``, the seed); a run that did
+    not complete is one of its own."""
+    not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
+    groups: dict[str, list[RunResult]] = {}
+    for index, run in enumerate(runs):
+        if not run.completed:
+            groups[f"not completed {index}"] = [run]
+            continue
+        options = {k: v for k, v in (run.summary.groups or {}).items() if k not in _NOT_SETTINGS}
+        settings_values = [_lookup(run, k) for k in settings]
+        overrides = sorted(o for o in run.summary.overrides or [] if _override_key(o) not in not_identity)
+        identity = [run.summary.devices, run.summary.num_nodes, options, settings_values, overrides]
+        groups.setdefault(json.dumps(identity, default=str), []).append(run)
+    return list(groups.values())
 
 
 def parse_baseline(text: str) -> dict[str, str]:
@@ -139,10 +187,16 @@ def _swept_keys(runs: Sequence[RunResult]) -> list[str]:
     keys: dict[str, None] = {}
     for run in runs:
         for override in run.summary.overrides or []:
-            key = override.split("=", 1)[0].lstrip("+~")
-            if not key.startswith("hydra") and key not in _NOT_SETTINGS:
+            key = _override_key(override)
+            if key != "hydra" and key not in _NOT_SETTINGS:
                 keys[_ALIASES.get(key, key)] = None
     return [k for k in keys if len({json.dumps(_lookup(run, k), default=str) for run in runs}) > 1]
+
+
+def _override_key(override: str) -> str:
+    """The key an override sets, aliases resolved; "hydra" for any of Hydra's own."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return "hydra" if key.startswith("hydra") else _ALIASES.get(key, key)
 
 
 def _lookup(run: RunResult, key: str) -> Any:
@@ -178,21 +232,26 @@ def _same(value: Any, wanted: str) -> bool:
 
 
 def _row(
-    run: RunResult,
-    base: RunResult | None,
+    runs: list[RunResult],
+    base: list[RunResult] | None,
     metric: str,
     test_metric: str | None,
     swept: list[str],
     mode: str = "max",
+    repeat_key: str | None = None,
 ) -> dict[str, Any]:
-    summary = run.summary
+    """A configuration's row: its runs' figures (their means, with 95 % confidence intervals) and,
+    against ``base``, speed-up, memory ratio and metric delta with Welch's p-values."""
+    first = runs[0]
+    summary = first.summary
     precision = summary.precision or {}
-    throughput = summary.throughput or {}
-    memory = summary.memory or {}
-    metrics = summary.metrics or {}
+    figures = [_figures(run, metric, test_metric) for run in runs]
+    memory_kinds = {f["memory_kind"] for f in figures}
     row: dict[str, Any] = {
-        "run": run.label,
+        "run": ", ".join(run.label for run in runs),
         "status": summary.status,
+        "n": len(runs),
+        "seeds": [_lookup(run, repeat_key) for run in runs] if repeat_key else [],
         "precision": (summary.groups or {}).get("precision"),
         "precision_requested": precision.get("requested"),
         "precision_effective": precision.get("effective"),
@@ -201,6 +260,84 @@ def _row(
         "num_nodes": summary.num_nodes,
         "micro_batch_size": summary.micro_batch_size,
         "effective_batch_size": summary.effective_batch_size,
+        "memory_kind": memory_kinds.pop() if len(memory_kinds) == 1 else None,
+        "differs": {k: _lookup(first, k) for k in swept if k not in _OWN_COLUMN},
+        "baseline": None if base is None else ", ".join(run.label for run in base),
+        "is_baseline": base is runs,
+        "speed_up": None,
+        "speed_up_p_value": None,
+        "speed_up_significant": None,
+        "memory_ratio": None,
+        "metric_delta": None,
+        "metric_delta_p_value": None,
+        "metric_delta_significant": None,
+        "seconds_to_baseline": None,  # seconds until the metric first reached the baseline's final value
+        "pruned_epoch": summary.pruned_epoch,
+        # Jobs that ran beside it on the node (summary.json sweep.beside): not a solo timing.
+        "shared_node": any((run.summary.sweep or {}).get("beside") for run in runs),
+        "diagnosis": list(
+            dict.fromkeys(e.get("symptom") for run in runs for e in run.summary.diagnosis or [])
+        ),
+        "findings": [entry for run in runs for entry in run.summary.diagnosis or []],  # litlab.run.doctor
+        "error": summary.error,
+        "run_dir": ";".join(str(run.dir) for run in runs),
+        "curve": figures[0]["curve"],
+        "curves": [f["curve"] for f in figures],  # one per run, for report.png
+    }
+    for name in _ESTIMATED:
+        values = [f[name] for f in figures]
+        # A figure some of the runs lack has no mean: it would be the mean of other runs than n says.
+        found = estimate(values) if all(v is not None for v in values) else Estimate(0, None)
+        row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"] = found.mean, found.low, found.high
+        row[f"{name}_values"] = values
+    if row["memory_kind"] is None:  # peaks of different kinds (CUDA and RSS) have no mean
+        row["peak_memory_mib"] = row["peak_memory_mib_ci95_low"] = row["peak_memory_mib_ci95_high"] = None
+    if len(runs) == 1:
+        for name in ("max_allocated_mib_per_rank", "max_reserved_mib_per_rank", "peak_rss_mib_per_rank"):
+            row[name] = figures[0][name]
+    else:  # per-rank lists of several runs are summed up by the peak's mean and interval
+        row.update(
+            max_allocated_mib_per_rank=None, max_reserved_mib_per_rank=None, peak_rss_mib_per_rank=None
+        )
+    # Ratios only between completed runs: a failed run may have figures, not those of the run it meant to be.
+    if base is not None and first.completed and base[0].completed:
+        base_row = _row(base, None, metric, test_metric, swept, mode, repeat_key)
+        row["speed_up"] = _ratio(row["samples_per_second"], base_row["samples_per_second"])
+        tested = base is not runs  # the baseline against itself is 1.0x and +0, not a test
+        if row["speed_up"] is not None and tested:
+            p_value = welch_p_value(row["samples_per_second_values"], base_row["samples_per_second_values"])
+            row["speed_up_p_value"], row["speed_up_significant"] = p_value, significant(p_value)
+        if base_row["memory_kind"] == row["memory_kind"]:
+            row["memory_ratio"] = _ratio(row["peak_memory_mib"], base_row["peak_memory_mib"])
+        base_metric = base_row["metric"]
+        if _finite(row["metric"]) and _finite(base_metric):
+            row["metric_delta"] = row["metric"] - base_metric
+        if row["metric_delta"] is not None and tested:
+            p_value = welch_p_value(row["metric_values"], base_row["metric_values"])
+            row["metric_delta_p_value"], row["metric_delta_significant"] = p_value, significant(p_value)
+        if _finite(base_metric):
+            row["seconds_to_baseline"] = _seconds_to_baseline(row["curves"], base_metric, mode)
+    return row
+
+
+# Figures of a run that a row of several runs gives as mean and 95 % confidence interval.
+_ESTIMATED = (
+    "samples_per_second",
+    "tokens_per_second",
+    "seconds_per_epoch",
+    "peak_memory_mib",
+    "metric",
+    "test_metric",
+)
+
+
+def _figures(run: RunResult, metric: str, test_metric: str | None) -> dict[str, Any]:
+    """One run's own figures, from its summary.json."""
+    summary = run.summary
+    throughput = summary.throughput or {}
+    memory = summary.memory or {}
+    metrics = summary.metrics or {}
+    return {
         "samples_per_second": throughput.get("samples_per_second"),
         "tokens_per_second": throughput.get("tokens_per_second"),
         "seconds_per_epoch": throughput.get("seconds_per_epoch"),
@@ -211,34 +348,22 @@ def _row(
         "peak_rss_mib_per_rank": memory.get("peak_rss_mib_per_rank"),
         "metric": metrics.get(metric),
         "test_metric": metrics.get(test_metric) if test_metric else None,
-        "differs": {k: _lookup(run, k) for k in swept if k not in _OWN_COLUMN},
-        "baseline": None if base is None else base.label,
-        "is_baseline": base is run,
-        "speed_up": None,
-        "memory_ratio": None,
-        "metric_delta": None,
-        "seconds_to_baseline": None,  # seconds until the metric first reached the baseline's final value
-        "diagnosis": [entry.get("symptom") for entry in summary.diagnosis or []],
-        "findings": list(summary.diagnosis or []),  # symptom, evidence, cures (litlab.run.doctor)
-        "error": summary.error,
-        "run_dir": str(run.dir),
         "curve": curve(summary, metric),
     }
-    # Ratios only between completed runs: a failed run may have figures, not those of the run it meant to be.
-    if base is not None and run.completed and base.completed:
-        base_summary = base.summary
-        row["speed_up"] = _ratio(
-            row["samples_per_second"], (base_summary.throughput or {}).get("samples_per_second")
-        )
-        same_kind = (base_summary.memory or {}).get("kind") == row["memory_kind"]
-        if same_kind:
-            row["memory_ratio"] = _ratio(row["peak_memory_mib"], (base_summary.memory or {}).get("peak_mib"))
-        base_metric = (base_summary.metrics or {}).get(metric)
-        if _finite(row["metric"]) and _finite(base_metric):
-            row["metric_delta"] = row["metric"] - base_metric
-        if _finite(base_metric) and row["curve"]:
-            row["seconds_to_baseline"] = seconds_to_reach(row["curve"], base_metric, mode)
-    return row
+
+
+def _seconds_to_baseline(
+    curves: list[list[dict[str, float]]], target: float, mode: str
+) -> float | str | None:
+    """Mean seconds until the runs first reached ``target``; "never" when one of them did not;
+    None when a run has no per-epoch history."""
+    if not all(curves):
+        return None
+    seconds = [seconds_to_reach(points, target, mode) for points in curves]
+    if any(s == "never" for s in seconds):
+        missed = sum(s == "never" for s in seconds)
+        return "never" if len(seconds) == 1 else f"never ({missed} of {len(seconds)} runs)"
+    return math.fsum(seconds) / len(seconds)
 
 
 def curve(summary: Any, metric: str) -> list[dict[str, float]]:
@@ -281,12 +406,14 @@ def report_runs(
     report = build_report(collect_runs(paths), baseline=baseline, metric=metric, metric_mode=metric_mode)
     report.sources = list(paths)
     write_report(report, out_dir)
-    completed = len(report.rows) - len(report.failed)
+    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
     log.info(
-        "report of %d runs (%d completed, %d failed): %s",
-        len(report.rows),
+        "report of %d runs (%d completed, %d pruned, %d failed) in %d rows: %s",
+        report.run_count,
         completed,
+        len(report.pruned),
         len(report.failed),
+        len(report.rows),
         out_dir / "report.md",
     )
     return report

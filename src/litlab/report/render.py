@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
 from litlab.report.compare import _DEVICE_KEYS, Report, _finite
+from litlab.report.stats import CONFIDENCE, SIGNIFICANCE
+from litlab.run.summary import COMPLETED, PRUNED
 
 REPORT_FILES = ("report.md", "report.csv", "report.png")
 
@@ -24,6 +27,8 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
 _CSV_COLUMNS = [
     "run",
     "status",
+    "n",
+    "seeds",
     "precision",
     "precision_requested",
     "precision_effective",
@@ -33,21 +38,35 @@ _CSV_COLUMNS = [
     "micro_batch_size",
     "effective_batch_size",
     "samples_per_second",
+    "samples_per_second_ci95_low",
+    "samples_per_second_ci95_high",
     "tokens_per_second",
+    "tokens_per_second_ci95_low",
+    "tokens_per_second_ci95_high",
     "seconds_per_epoch",
     "memory_kind",
     "peak_memory_mib",
+    "peak_memory_mib_ci95_low",
+    "peak_memory_mib_ci95_high",
     "max_allocated_mib_per_rank",
     "max_reserved_mib_per_rank",
     "peak_rss_mib_per_rank",
     "metric",
+    "metric_ci95_low",
+    "metric_ci95_high",
     "test_metric",
     "speed_up",
+    "speed_up_p_value",
+    "speed_up_significant",
     "memory_ratio",
     "metric_delta",
+    "metric_delta_p_value",
+    "metric_delta_significant",
     "seconds_to_baseline",
     "baseline",
     "is_baseline",
+    "pruned_epoch",
+    "shared_node",
     "differs",
     "diagnosis",
     "error",
@@ -58,7 +77,11 @@ _CSV_COLUMNS = [
 def _write_csv(report: Report, path: Path) -> None:
     # The metric columns carry the metric's name, so a CSV read elsewhere says what it holds.
     names = {"metric": report.metric, "test_metric": report.test_metric or "test_metric"}
+    names["metric_ci95_low"] = f"{report.metric}_ci95_low"
+    names["metric_ci95_high"] = f"{report.metric}_ci95_high"
     names["metric_delta"] = f"delta_{report.metric}"
+    names["metric_delta_p_value"] = f"delta_{report.metric}_p_value"
+    names["metric_delta_significant"] = f"delta_{report.metric}_significant"
     names["seconds_to_baseline"] = f"seconds_to_baseline_{report.metric}"
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
@@ -78,9 +101,10 @@ def _csv_value(value: Any) -> Any:
 
 
 def render_markdown(report: Report) -> str:
-    """The report as Markdown: what was compared, the table, the failures, what the columns mean."""
+    """The report as Markdown: what was compared, the table, the statistics in words, the failures,
+    what the columns mean."""
     delta = f"Δ {report.metric}"
-    headers = ["run", "status", "precision (requested → ran)", "accumulation", "devices x nodes"]
+    headers = ["run", "status", "n", "precision (requested → ran)", "accumulation", "devices x nodes"]
     unit = report.throughput_unit
     headers += ["micro-batch", "effective batch", f"{unit}/s", "s/epoch", "peak memory / device (MiB)"]
     headers += [report.metric] + ([report.test_metric] if report.test_metric else [])
@@ -88,56 +112,79 @@ def render_markdown(report: Report) -> str:
     has_differs = any(row["differs"] for row in report.rows)
     if has_differs:
         headers.insert(2, "differs")
+    has_seeds = any(row["seeds"] for row in report.rows)
+    if has_seeds:
+        headers.insert(headers.index("n") + 1, report.repeat_key or "seed")
     diagnosed = [row for row in report.rows if row["diagnosis"]]
     if diagnosed:
         headers.append("doctor")
     if report.failed:
         headers.append("error")
+    shared = [row for row in report.rows if row["shared_node"]]
+    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
+    pruned = f"{len(report.pruned)} pruned, " if report.pruned else ""
+    in_rows = f" in {len(report.rows)} rows" if len(report.rows) != report.run_count else ""
     lines = [
         "# Sweep report",
         "",
-        f"{len(report.rows)} runs ({len(report.rows) - len(report.failed)} completed, "
-        f"{len(report.failed)} failed) from " + ", ".join(f"`{p}`" for p in report.sources) + ".",
+        f"{report.run_count} runs ({completed} completed, {pruned}{len(report.failed)} failed){in_rows} "
+        "from " + ", ".join(f"`{p}`" for p in report.sources) + ".",
         "",
         *_best_line(report),
-        f"Baseline: the first completed run with `{report.baseline}` and the same devices x nodes"
+        f"Baseline: the first completed configuration with `{report.baseline}` and the same devices x nodes"
         + (f" and the same {', '.join(f'`{k}`' for k in report.context_keys)}" if report.context_keys else "")
         + "; speed-up, memory ratio and Δ are against it. The baseline rows say **baseline**.",
         "",
+        *_repeats_lines(report),
         "| " + " | ".join(headers) + " |",
         "|" + "|".join("---" for _ in headers) + "|",
     ]
     for row in report.rows:
         cells = [
             row["run"],
-            "**failed**" if row["status"] != "completed" else row["status"],
+            _status_cell(row),
+            str(row["n"]),
             _precision_cell(row),
             _text(row["accumulate_grad_batches"]),
             f"{_text(row['devices'])} x {_text(row['num_nodes'])}",
             _text(row["micro_batch_size"]),
             _text(row["effective_batch_size"]),
-            _number(row[f"{unit}_per_second"], 1),
+            _estimate_cell(row, f"{unit}_per_second", 1),
             _number(row["seconds_per_epoch"], 2),
             _memory_cell(row),
-            _number(row["metric"], 4),
+            _estimate_cell(row, "metric", 4),
         ]
         if report.test_metric:
             cells.append(_number(row["test_metric"], 4))
         cells += [
-            _number(row["speed_up"], 2, "x"),
+            _number(row["speed_up"], 2, "x") + _p_value_note(row["speed_up_p_value"]),
             _number(row["memory_ratio"], 2, "x"),
-            _number(row["metric_delta"], 4, signed=True),
+            _number(row["metric_delta"], 4, signed=True) + _p_value_note(row["metric_delta_p_value"]),
             _seconds_cell(row["seconds_to_baseline"]),
             "**baseline**" if row["is_baseline"] else (row["baseline"] or "none"),
         ]
         if has_differs:
             cells.insert(2, " ".join(f"{k}={_text(v)}" for k, v in row["differs"].items()))
+        if has_seeds:
+            cells.insert(headers.index("n") + 1, ", ".join(_text(seed) for seed in row["seeds"]))
         if diagnosed:
             cells.append(", ".join(row["diagnosis"]))
         if report.failed:
-            cells.append(_one_line(row["error"], limit=120) if row["status"] != "completed" else "")
+            failed = row["status"] not in (COMPLETED, PRUNED)
+            cells.append(_one_line(row["error"], limit=120) if failed else "")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", "![throughput, peak memory and learning curves per configuration](report.png)", ""]
+    lines.append("")
+    if shared:
+        lines += [
+            f"† Shared the node: other jobs of the sweep ran beside {_names(shared)} (summary.json "
+            "`sweep.beside`), so their throughput is not a solo timing; `hydra.launcher.devices=1` "
+            "gives solo timings.",
+            "",
+        ]
+    lines += ["![throughput, peak memory and learning curves per configuration](report.png)", ""]
+    noise = _noise_lines(report)
+    if noise:
+        lines += ["## Against run-to-run noise", "", *noise, ""]
     if diagnosed:
         lines += ["## Doctor", "", "What each run's own numbers show (summary.json `diagnosis`):", ""]
         for row in diagnosed:
@@ -146,13 +193,25 @@ def render_markdown(report: Report) -> str:
                     f"- {row['run']}: **{entry['symptom']}**: {entry['evidence']}. Cures: {entry['cures']}"
                 )
         lines.append("")
+    if report.pruned:
+        lines += ["## Pruned trials", ""]
+        lines += [
+            f"- {row['run']} (`{row['run_dir']}`): stopped by the Optuna pruner after the validation of "
+            f"epoch {_text(row['pruned_epoch'])}; not a failure."
+            for row in report.pruned
+        ]
+        lines.append("")
     if report.failed:
         lines += ["## Failed runs", ""]
         lines += [f"- {row['run']} (`{row['run_dir']}`): {_one_line(row['error'])}" for row in report.failed]
         lines.append("")
+    level = f"{CONFIDENCE:.0%}"
     lines += [
         "## Columns",
         "",
+        "- n: the runs in the row: completed runs that differ only in their seed are one configuration. "
+        f"With n ≥ 2 a figure is their mean ± the half-width of its {level} confidence interval "
+        "(Student's t); report.csv has the interval's ends (`_ci95_low`, `_ci95_high`).",
         f"- {unit}/s: steady-state training throughput of all ranks together (warm-up batches and "
         "validation excluded); s/epoch: median training time of an epoch (the first one excluded "
         "when there are more).",
@@ -162,13 +221,100 @@ def render_markdown(report: Report) -> str:
         "it is fixed and the micro-batch is derived; otherwise the micro-batch is fixed and it grows.",
         "- speed-up = samples/s ÷ the baseline's (the same ratio as tokens/s); memory ratio = peak "
         "memory ÷ the baseline's; "
-        f"{delta} = {report.metric} − the baseline's.",
+        f"{delta} = {report.metric} − the baseline's (means, when rows have several runs).",
+        f"- p: Welch's t-test of the row's runs against the baseline's; p < {SIGNIFICANCE:g} means the "
+        "difference exceeds run-to-run noise. Only rows and baselines of n ≥ 2 are tested.",
         f"- s to baseline's {report.metric}: wall-clock seconds of training (validation included) until "
         f"the run's {report.metric} first reached the baseline's final value, from its per-epoch history; "
         "never: it did not within the run.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _status_cell(row: dict[str, Any]) -> str:
+    if row["status"] == PRUNED:
+        status = f"pruned (epoch {_text(row['pruned_epoch'])})"
+    elif row["status"] != COMPLETED:
+        status = "**failed**"
+    else:
+        status = row["status"]
+    return status + (" †" if row["shared_node"] else "")
+
+
+def _estimate_cell(row: dict[str, Any], name: str, decimals: int) -> str:
+    """The mean and the half-width of its confidence interval (a t-interval is symmetric)."""
+    mean, high = row[name], row[f"{name}_ci95_high"]
+    if not _finite(mean) or not _finite(high):
+        return _number(mean, decimals)
+    return f"{mean:.{decimals}f} ± {high - mean:.{decimals}f}"
+
+
+def _p_value_note(p_value: Any) -> str:
+    return f" (p={_p_text(p_value)})" if _finite(p_value) else ""
+
+
+def _p_text(p_value: float) -> str:
+    return f"{p_value:.2g}"
+
+
+def _names(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(row["run"] for row in rows)
+
+
+def _repeats_lines(report: Report) -> list[str]:
+    """One line on the rows of one run, which have no interval and no test; or one on the repeats."""
+    completed = [row for row in report.rows if row["status"] == COMPLETED]
+    single = [row for row in completed if row["n"] == 1]
+    if not completed:
+        return []
+    if len(single) == len(completed):
+        return [
+            "n = 1: every configuration ran once, so no row has a confidence interval and no difference "
+            "can be told from run-to-run noise; repeat them with seeds (e.g. `seed=1,2,3`).",
+            "",
+        ]
+    grouped = "runs that differ only in `seed`" if report.repeat_key else "runs of the same settings"
+    line = (
+        f"Repeats: {grouped} are one row, with n runs: mean ± the {CONFIDENCE:.0%} confidence interval, "
+        f"and Welch's t-test at {SIGNIFICANCE:.0%} against the baseline."
+    )
+    if single:
+        line += f" Rows with n = 1 ({_names(single)}) have no interval and no test."
+    return [line, ""]
+
+
+def _noise_lines(report: Report) -> list[str]:
+    """In words, per compared row: does its speed-up and its Δ exceed run-to-run noise?"""
+    lines = []
+    for row in report.rows:
+        if row["is_baseline"] or row["baseline"] is None or row["status"] != COMPLETED:
+            continue
+        parts = []
+        if row["speed_up"] is not None:
+            parts.append(_in_words(f"speed-up {row['speed_up']:.2f}x", row["speed_up_p_value"]))
+        if row["metric_delta"] is not None:
+            parts.append(
+                _in_words(f"Δ {report.metric} {row['metric_delta']:+.4f}", row["metric_delta_p_value"])
+            )
+        if parts and (
+            row["n"] > 1 or any(row[f"{k}_p_value"] is not None for k in ("speed_up", "metric_delta"))
+        ):
+            label = " ".join(_config_label(row, report).splitlines())
+            lines.append(
+                f"- {label} ({row['run']}, n = {row['n']}) against {row['baseline']}: "
+                + "; ".join(parts)
+                + "."
+            )
+    return lines
+
+
+def _in_words(what: str, p_value: float | None) -> str:
+    if p_value is None:
+        return f"{what} not tested (needs n ≥ 2 and some spread on both sides)"
+    if p_value < SIGNIFICANCE:
+        return f"{what} exceeds run-to-run noise (Welch's t-test p = {_p_text(p_value)} < {SIGNIFICANCE:g})"
+    return f"{what} is within run-to-run noise (Welch's t-test p = {_p_text(p_value)} ≥ {SIGNIFICANCE:g})"
 
 
 def _seconds_cell(value: Any) -> str:
@@ -194,6 +340,9 @@ def _precision_cell(row: dict[str, Any]) -> str:
 
 
 def _memory_cell(row: dict[str, Any]) -> str:
+    if row["n"] > 1:  # several runs: the mean peak (largest rank) and its interval
+        prefix = {"cuda": "peak ", "cpu_rss": "RSS "}.get(row["memory_kind"], "")
+        return prefix + _estimate_cell(row, "peak_memory_mib", 0) if _finite(row["peak_memory_mib"]) else "–"
     if row["memory_kind"] == "cuda":
         allocated = max(row["max_allocated_mib_per_rank"] or [0])
         reserved = max(row["max_reserved_mib_per_rank"] or [0])
@@ -250,23 +399,46 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
         positions = range(len(rows))
         bar_colors = [colors[str(row["precision"])] for row in rows]
         hatches = ["//" if row["is_baseline"] else "" for row in rows]
-        throughput = [_or_zero(row[f"{report.throughput_unit}_per_second"]) for row in rows]
+        throughput_name = f"{report.throughput_unit}_per_second"
+        throughput = [_or_zero(row[throughput_name]) for row in rows]
         memory = [_or_zero(row["peak_memory_mib"]) for row in rows]
-        for axis, values in ((throughput_axis, throughput), (memory_axis, memory)):
-            bars = axis.bar(positions, values, color=bar_colors, edgecolor="black", linewidth=0.6)
+        for axis, values, name in (
+            (throughput_axis, throughput, throughput_name),
+            (memory_axis, memory, "peak_memory_mib"),
+        ):
+            bars = axis.bar(
+                positions,
+                values,
+                color=bar_colors,
+                edgecolor="black",
+                linewidth=0.6,
+                yerr=_error_bars(rows, name),
+                capsize=4,
+                error_kw={"elinewidth": 1.0},
+            )
             for bar, hatch in zip(bars, hatches, strict=True):
                 bar.set_hatch(hatch)
         for position, row, value in zip(positions, rows, throughput, strict=True):
+            top = row[f"{throughput_name}_ci95_high"]
+            value = max(value, top) if _finite(top) else value  # the note above the error bar
             note = f"{report.metric}\n{row['metric']:.3f}" if _finite(row["metric"]) else "no metric"
-            failed = row["status"] != "completed"
+            failed = row["status"] != COMPLETED
+            if row["status"] == PRUNED:
+                note = f"pruned\nepoch {_text(row['pruned_epoch'])}"
+            elif failed:
+                note = "failed"
+            elif row["n"] > 1:
+                note += f"\nn={row['n']}"
+            if row["shared_node"]:
+                note += "\n† shared"
             throughput_axis.annotate(
-                "failed" if failed else note,
+                note,
                 (position, value),
                 xytext=(0, 3),
                 textcoords="offset points",
                 ha="center",
                 fontsize=7,
-                color="#c44e52" if failed else "black",
+                color="#c44e52" if row["status"] not in (COMPLETED, PRUNED) else "black",
             )
         throughput_axis.set_title(devices)
         throughput_axis.margins(y=0.25)
@@ -280,7 +452,8 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     axes[0][0].set_ylabel(f"{report.throughput_unit}/s (steady state)")
     axes[1][0].set_ylabel("peak memory / device (MiB)")
     figure.suptitle(
-        f"Throughput and peak memory per configuration\n(hatched: the baseline; {report.metric} annotated)",
+        f"Throughput and peak memory per configuration\n(hatched: the baseline; {report.metric} annotated; "
+        f"error bars: {CONFIDENCE:.0%} confidence interval of n runs)",
         fontsize=10,
     )
 
@@ -291,8 +464,7 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
     styles: dict[str, int] = {}  # runs of one precision are told apart by the line style
     drawn = 0
     for row in report.rows:
-        points = row["curve"]
-        if not points:
+        if not any(row["curves"]):
             continue
         precision = str(row["precision"])
         style = _LINE_STYLES[styles.get(precision, 0) % len(_LINE_STYLES)]
@@ -300,14 +472,16 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
         label = " ".join(_config_label(row, report).splitlines())
         if row["devices"] not in (1, None) or len({r["devices"] for r in report.rows}) > 1:
             label += f" ({_devices_label(row)})"
-        values = [point["value"] for point in points]
         line = {"color": colors[precision], "linestyle": style, "marker": ".", "linewidth": 1.4}
         if row["is_baseline"]:
             line["linewidth"] = 2.6
-        by_time.plot([point["wall_s"] for point in points], values, label=label, **line)
-        samples = [point["samples"] for point in points]
-        if all(_finite(n) for n in samples):
-            by_samples.plot(samples, values, **line)
+        for points in row["curves"]:  # each run of the row, in the row's style; labelled once
+            values = [point["value"] for point in points]
+            by_time.plot([point["wall_s"] for point in points], values, label=label, **line)
+            label = None
+            samples = [point["samples"] for point in points]
+            if all(_finite(n) for n in samples):
+                by_samples.plot(samples, values, **line)
         drawn += 1
     by_time.set_xlabel("wall-clock seconds of training")
     by_samples.set_xlabel("training samples seen (all ranks)")
@@ -342,6 +516,18 @@ def _config_label(row: dict[str, Any], report: Report) -> str:
         else:
             parts.append(f"{key.rsplit('.', 1)[-1]}={_text(row['differs'].get(key))}")
     return "\n".join(parts) or row["run"]
+
+
+def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
+    """Matplotlib's asymmetric yerr: distances from each mean down and up to its interval's ends
+    (none where a row has no interval: one run, or no figure)."""
+    below, above = [], []
+    for row in rows:
+        mean, low, high = row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"]
+        has_interval = _finite(mean) and _finite(low) and _finite(high)
+        below.append(mean - low if has_interval else math.nan)  # nan: no error bar drawn
+        above.append(high - mean if has_interval else math.nan)
+    return [below, above]
 
 
 def _or_zero(value: Any) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+PRUNED = "pruned"  # an Optuna trial stopped early by its pruner
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
 
@@ -26,6 +27,7 @@ _NOT_RUN_GROUPS = ("hydra", "schema")
 class Summary:
     status: str  # COMPLETED, FAILED or INTERRUPTED (SIGTERM)
     error: str | None = None
+    pruned_epoch: int | None = None  # the epoch whose validation made the pruner stop the trial
     experiment_name: str | None = None
     run_name: str | None = None  # the run identity (resume finds its storage folder by it)
     run_dir: str | None = None
