@@ -18,13 +18,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+PRUNED = "pruned"  # an Optuna trial stopped early by its pruner
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
 
 
 @dataclass
 class Summary:
-    status: str  # COMPLETED, FAILED or INTERRUPTED (SIGTERM)
+    status: str  # COMPLETED, FAILED, INTERRUPTED (SIGTERM) or PRUNED
     error: str | None = None
     experiment_name: str | None = None
     run_name: str | None = None  # the run identity (resume finds its storage folder by it)
@@ -62,6 +63,7 @@ class Summary:
     nonfinite: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
+    pruned_epoch: int | None = None  # the epoch after which an Optuna pruner stopped the run
     # One entry per training epoch: epoch, step, wall_s, samples, train_loss, loss_spikes, metrics.
     history: list[dict[str, Any]] | None = None
     input_wait: dict[str, Any] | None = None  # time between training steps waiting for the next batch
