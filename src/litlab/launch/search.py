@@ -111,7 +111,7 @@ def distribution_of(override: Override) -> Any:
             raise ConfigError(f"{key}: interval tags are log and int, not {', '.join(sorted(unknown))}")
         if value.start >= value.end or ("log" in tags and value.start <= 0):
             raise ConfigError(
-                f"{key}={override.get_value_element_as_str()}: an interval needs start < end"
+                f"{override.input_line}: an interval needs start < end"
                 + (" and start > 0 on a log scale" if "log" in tags else "")
             )
         if "int" in tags:
@@ -120,7 +120,7 @@ def distribution_of(override: Override) -> Any:
     if isinstance(value, RangeSweep):
         values = list(override.sweep_iterator(transformer=Transformer.identity))
         if not values:
-            raise ConfigError(f"{key}={override.get_value_element_as_str()}: the range is empty")
+            raise ConfigError(f"{override.input_line}: the range is empty")
         if value.shuffle:
             return CategoricalDistribution(values)
         if all(isinstance(v, int) for v in values) and isinstance(value.step, int):
@@ -259,11 +259,9 @@ class Budget:
 
 def retried_numbers(trials: Sequence[optuna.trial.FrozenTrial]) -> set[int]:
     """Numbers of failed trials that a later trial retries (heartbeat-stale, or interrupted)."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
-
     numbers: set[int] = set()
-    for trial in trials:
-        numbers.update(RetryHeartbeatStaleTrialCallback.retry_history(trial))
+    for trial in trials:  # RetryHeartbeatStaleTrialCallback.retry_history, without its warning
+        numbers.update(trial.system_attrs.get("retry_history", []))
     return numbers
 
 
