@@ -74,7 +74,6 @@ def test_the_default_config_passes(cfg):
             "trainer.accelerator=abacus is not allowed: use one of auto, cpu,",
         ),
         ({"on_nonfinite": "ignore"}, "on_nonfinite=ignore is not allowed: use one of fail, skip"),
-        ({"sweep_isolation": "thread"}, "sweep_isolation=thread is not allowed: use one of auto, process"),
         ({"oom__action": "pray"}, "oom.action=pray is not allowed: use one of fail, auto_shrink"),
         ({"oom__max_shrinks": 0}, "oom.max_shrinks=0 is not allowed"),
         ({"oom__within_steps": 0}, "oom.within_steps=0 is not allowed"),
@@ -289,7 +288,7 @@ def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launche
         "storage.root=/tmp/y",
         "hydra/launcher=joblib",
         "storage=s3",
-        "sweep_isolation=process",
+        "hydra.launcher.devices=2",
         "+paths.extra=1",
         "~storage.copy_logs",
     ]

@@ -1,4 +1,4 @@
-"""Where sweep jobs run and who started the ranks: decided from the config and the start environment."""
+"""Sweep configs, and who started the ranks: decided from the config and the start environment."""
 
 from __future__ import annotations
 
@@ -33,32 +33,13 @@ def test_sweep_and_search_configs_compose_as_multiruns(tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    "overrides,own_process",
-    [
-        ([], False),  # one device, strategy=auto: in the sweep's process, its changes restored
-        (["precision=bf16", "trainer.deterministic=true", "trainer.benchmark=true"], False),
-        (["tune.batch_size=true"], False),
-        (["oom=auto_shrink"], False),
-        (["strategy=ddp", "trainer.devices=2"], True),
-        (["strategy=ddp", "trainer.devices=1"], True),  # a process group, even for one rank
-        (["strategy=auto", "trainer.devices=2"], True),  # Lightning picks ddp and re-runs the command
-        (["strategy=fsdp", "trainer.devices=2"], True),
-        (["strategy=ddp_spawn", "trainer.devices=2"], True),
-        (["trainer.devices=auto", "trainer=gpu"], True),  # one rank per GPU: maybe several
-        (["trainer.num_nodes=2"], True),
-        (["compile=true"], True),  # torch.compile's caches are per process
-        (["sweep_isolation=process"], True),
-    ],
-)
-def test_a_job_gets_its_own_process_exactly_when_its_process_state_could_not_be_put_back(
-    overrides, own_process, tmp_path
-):
-    from litlab.launch.multirun import own_process_reason
-
-    cfg = compose_train(overrides, tmp_path)
-    reason = own_process_reason(cfg)
-    assert (reason is not None) is own_process, reason
+def test_the_default_launcher_is_the_device_pool(tmp_path):
+    """Every job a process of its own, on a pool of devices: every GPU, one job per device."""
+    grid = compose_train(["sweep=precision_accumulation"], tmp_path)
+    assert grid.hydra.launcher._target_ == "hydra_plugins.litlab_pool.DevicePoolLauncher"
+    assert grid.hydra.launcher.devices is None and grid.hydra.launcher.jobs_per_device == 1
+    solo = compose_train(["sweep=precision_accumulation", "hydra.launcher.devices=1"], tmp_path)
+    assert solo.hydra.launcher.devices == 1
 
 
 # What a one-device DDP job leaves in os.environ (Lightning sets these and never removes them).

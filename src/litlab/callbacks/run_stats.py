@@ -20,8 +20,6 @@ import torch
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from litlab.launch.isolation import torch_flags
-
 log = logging.getLogger(__name__)
 
 
@@ -34,6 +32,25 @@ def batch_samples(pl_module: L.LightningModule, batch: Any) -> int:
     """Samples in a batch: the module's own count if it has one, else Lightning's guess."""
     count = getattr(pl_module, "batch_samples", None)
     return int(count(batch)) if callable(count) else extract_batch_size(batch)
+
+
+def torch_flags() -> dict[str, Any]:
+    """The process-wide torch settings that change what or how a run computes (summary.json
+    records them as they were while training)."""
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_algorithms_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "anomaly_detection": torch.is_anomaly_enabled(),
+        "anomaly_check_nan": torch.is_anomaly_check_nan_enabled(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "grad_enabled": torch.is_grad_enabled(),
+        "num_threads": torch.get_num_threads(),
+    }
 
 
 class RunStats(Callback):

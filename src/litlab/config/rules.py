@@ -18,7 +18,6 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's accel
 NONFINITE_ACTIONS = ("fail", "skip")
 OOM_ACTIONS = ("fail", "auto_shrink")
 TUNE_MODES = ("power", "binsearch")
-SWEEP_ISOLATION = ("auto", "process")
 METRIC_MODES = ("min", "max")
 # Engine keys in your data group: read by litlab, never passed to your datamodule's constructor.
 DATA_ENGINE_KEYS = ("global_batch_size",)
@@ -123,11 +122,10 @@ def check(cfg: DictConfig) -> None:
 
 def check_runtime_options(cfg: DictConfig) -> None:
     """Values that would fail only after torch loads (accelerator, devices), and on_nonfinite, oom,
-    tune, sweep_isolation and gradient clipping. Raises ConfigError."""
+    tune and gradient clipping. Raises ConfigError."""
     trainer = cfg.trainer
     _one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
     _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
-    _one_of("sweep_isolation", cfg.sweep_isolation, SWEEP_ISOLATION)
     _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
     _positive("oom.max_shrinks", cfg.oom.max_shrinks)
     _positive("oom.within_steps", cfg.oom.within_steps)

@@ -174,7 +174,6 @@ class TrainConfig:
     optimized_metric: str = MISSING
     optimized_metric_mode: str = MISSING  # min or max
     on_nonfinite: str = MISSING  # rules.NONFINITE_ACTIONS
-    sweep_isolation: str = MISSING  # rules.SWEEP_ISOLATION
     oom: OomConfig = MISSING
     tune: TuneConfig = MISSING
 

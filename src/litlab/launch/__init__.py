@@ -1,2 +1,2 @@
-"""Who starts the ranks (ranks), sweep jobs (multirun), and what a job that shares the sweep's
-process puts back (isolation)."""
+"""Who starts the ranks (ranks), sweep jobs as processes of their own (multirun), and the default
+launcher's pool of devices (pool)."""

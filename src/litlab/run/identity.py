@@ -19,7 +19,6 @@ _NOT_IDENTITY = (
     "storage.",
     "hydra/",
     "storage=",
-    "sweep_isolation",
 )
 NOT_IDENTITY = _NOT_IDENTITY  # also left out of an Optuna search's study name (litlab.launch.search)
 

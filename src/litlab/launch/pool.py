@@ -1,0 +1,646 @@
+"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs over a pool of devices.
+
+Every job is a fresh single-run child process, the command a user could paste to reproduce it
+(``litlab.launch.multirun.child_command``), started in its job folder ``<sweep dir>/<job num>/``
+with ``command.sh`` (that command) and ``output.log`` (its stdout and stderr).
+
+The pool (``hydra.launcher.devices``):
+
+- null: every GPU the sweep sees (the entries of ``CUDA_VISIBLE_DEVICES``, or all), one slot on a
+  machine without GPUs;
+- an int N: the first N devices the sweep sees (ids 0..N-1 without ``CUDA_VISIBLE_DEVICES``);
+- a list: those ids, as ``CUDA_VISIBLE_DEVICES`` names them.
+
+On a machine without GPUs the ids are slot names and the scheduling is the same. Each id takes
+``hydra.launcher.jobs_per_device`` jobs at once (default 1). A job needs ``trainer.devices`` ids
+(one slot on each); its process sees only those through ``CUDA_VISIBLE_DEVICES`` (GPU pools), and
+gets its share of the CPU cores, as affinity (inherited by its DDP ranks) and ``OMP_NUM_THREADS``.
+
+Order: the queued job that needs the most devices starts first (ties: sweep order); when it does not
+fit the free devices, a smaller one that fits starts instead (backfill). So a job starts as soon as
+enough devices are free, no device idles while a queued job fits, and the big jobs go first, while
+the whole pool is still free. A job that needs more devices than the pool has, or more than one
+node, is a failed row (summary.json ``status: failed``, one line) and never starts.
+
+A job whose run identity already completed (its storage folder holds a completed summary.json, local
+storage) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
+
+Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole process group: DDP
+ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 128 + the signal (143
+for SIGTERM, 130 for Ctrl-C). The same command again skips the completed jobs and resumes the
+others from their checkpoints. A sweep killed outright (SIGKILL) takes its jobs with it: each job
+process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import datetime as dt
+import glob
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    _save_config,
+    configure_log,
+    filter_overrides,
+    setup_globals,
+)
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_POLL_S = 0.05  # how often the sweep looks for ended jobs
+
+
+@dataclass
+class QueuedJob:
+    """One job for ``run_queue``: its overrides (as a Hydra sweeper passes them) and extra
+    environment for its process."""
+
+    overrides: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --- the pool and its schedule: pure, no processes ------------------------------------------------
+
+
+def visible_gpus() -> list[str] | None:
+    """The GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them; None on a machine without."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [d.strip() for d in listed.split(",") if d.strip()]
+        return ids or None
+    if not glob.glob("/dev/nvidia[0-9]*"):  # no NVIDIA device: no need to import torch to know
+        return None
+    import torch
+
+    count = torch.cuda.device_count()
+    return [str(i) for i in range(count)] or None
+
+
+_POOL_VALUES = "use null (every GPU), a count >= 1 or a list of distinct ids"
+
+
+def pool_ids(devices: Any, gpus: list[str] | None) -> list[str]:
+    """The pool's device ids for ``hydra.launcher.devices`` on a machine that sees ``gpus``.
+
+    Raises ValueError with a one-line message for a value that is not a pool."""
+    if devices is None:
+        return list(gpus) if gpus else ["0"]
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
+        if gpus and devices > len(gpus):
+            shown = ",".join(gpus)
+            raise ValueError(f"hydra.launcher.devices={devices}: the sweep sees {len(gpus)} GPUs ({shown})")
+        return list(gpus[:devices]) if gpus else [str(i) for i in range(devices)]
+    if isinstance(devices, (list, tuple, ListConfig)):
+        ids = [str(d).strip() for d in devices]
+        if ids and all(ids) and len(set(ids)) == len(ids):
+            return ids
+        devices = list(devices)
+    raise ValueError(f"hydra.launcher.devices={devices!r} is not allowed: {_POOL_VALUES}")
+
+
+def cpu_share(slot: int, slots: int, cores: Sequence[int]) -> list[int]:
+    """The cores of slot ``slot`` of ``slots``: an even, contiguous part of ``cores`` (a core of its
+    own, shared with other slots, when there are fewer cores than slots)."""
+    cores = sorted(cores)
+    share = cores[slot * len(cores) // slots : (slot + 1) * len(cores) // slots]
+    return share or [cores[slot * len(cores) // slots]]
+
+
+@dataclass
+class Pending:
+    """A job waiting for devices: its index and how many device ids it needs."""
+
+    index: int
+    need: int
+
+
+class DeviceSchedule:
+    """Which device ids are free, and which queued job starts next (largest first, then backfill).
+
+    Each id has ``jobs_per_device`` slots; a job takes one slot on each of ``need`` distinct ids,
+    the least loaded first."""
+
+    def __init__(self, ids: Sequence[str], jobs_per_device: int = 1, cores: Sequence[int] = (0,)) -> None:
+        if jobs_per_device < 1:
+            raise ValueError(
+                f"hydra.launcher.jobs_per_device={jobs_per_device} is not allowed: use an int >= 1"
+            )
+        self.ids = list(ids)
+        self.jobs_per_device = jobs_per_device
+        self.cores = sorted(cores)
+        # busy[id] = the slot numbers (0..jobs_per_device-1) of that id that hold a job
+        self.busy: dict[str, set[int]] = {i: set() for i in self.ids}
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def fits_ever(self, need: int) -> bool:
+        return 1 <= need <= self.size
+
+    def free_ids(self) -> list[str]:
+        """Ids with a free slot, the least loaded first (then pool order)."""
+        free = [i for i in self.ids if len(self.busy[i]) < self.jobs_per_device]
+        return sorted(free, key=lambda i: len(self.busy[i]))
+
+    def has_free_slot(self) -> bool:
+        return bool(self.free_ids())
+
+    def next_to_start(self, queue: Sequence[Pending]) -> Pending | None:
+        """The queued job to start now: the largest that fits the free ids (ties: the earliest)."""
+        free = len(self.free_ids())
+        for job in sorted(queue, key=lambda j: (-j.need, j.index)):
+            if job.need <= free:
+                return job
+        return None
+
+    def take(self, need: int) -> Taken:
+        """Occupy one slot on each of ``need`` free ids: the ids (in pool order) and their CPU cores."""
+        chosen = self.free_ids()[:need]
+        if len(chosen) < need:
+            raise RuntimeError(f"{need} devices asked for, {len(chosen)} free")
+        slots, cores = [], set()
+        for device in chosen:
+            slot = min(set(range(self.jobs_per_device)) - self.busy[device])
+            self.busy[device].add(slot)
+            slots.append((device, slot))
+            number = self.ids.index(device) * self.jobs_per_device + slot
+            cores.update(cpu_share(number, self.size * self.jobs_per_device, self.cores))
+        return Taken(sorted(chosen, key=self.ids.index), sorted(cores), slots)
+
+    def give_back(self, taken: Taken) -> None:
+        for device, slot in taken.slots:
+            self.busy[device].discard(slot)
+
+
+@dataclass
+class Taken:
+    """What a started job holds: device ids (in pool order), CPU cores, and the slots behind them."""
+
+    ids: list[str]
+    cores: list[int]
+    slots: list[tuple[str, int]]
+
+
+def simulate(needs: Sequence[int], lengths: Sequence[float], schedule: DeviceSchedule) -> list[dict]:
+    """Run the schedule on paper: jobs of known ``needs`` and ``lengths`` (seconds), all queued at
+    time 0. Each job's start, end and ids, in job order; a job that never fits gets None. For tests
+    and for reading the order without starting processes."""
+    queue = [Pending(i, n) for i, n in enumerate(needs) if schedule.fits_ever(n)]
+    result: list[dict | None] = [None] * len(needs)
+    running: list[tuple[float, int, Taken]] = []
+    now = 0.0
+    while queue or running:
+        while (job := schedule.next_to_start(queue)) is not None:
+            queue.remove(job)
+            taken = schedule.take(job.need)
+            running.append((now + lengths[job.index], job.index, taken))
+            result[job.index] = {"start": now, "ids": taken.ids, "cores": taken.cores}
+        running.sort(key=lambda r: r[:2])
+        end, index, taken = running.pop(0)
+        now = end
+        schedule.give_back(taken)
+        result[index]["end"] = end
+    return result
+
+
+# --- the launcher ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """A prepared job: its config, folder, command, what it needs, and, once started, its process."""
+
+    index: int
+    config: DictConfig  # the job's full config (with hydra)
+    dir: Path
+    command: list[str]
+    need: int
+    env: dict[str, str]
+    devices: list[str] = field(default_factory=list)
+    cores: list[int] = field(default_factory=list)
+    taken: Taken | None = None
+    process: subprocess.Popen | None = None
+    output: IO[bytes] | None = None
+    start: str | None = None
+    start_s: float = 0.0
+    end: str | None = None
+    beside: set[int] = field(default_factory=set)
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _die_with_parent_and_pin(cores: list[int], parent: int) -> Callable[[], None]:
+    """What the job's process runs between fork and exec: SIGTERM when the sweep dies (the sweep's
+    SIGKILL cannot leave jobs training), and its CPU cores."""
+
+    def setup() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the job outlives a killed sweep
+            pass
+        if os.getppid() != parent:  # the sweep died before prctl took effect
+            os._exit(143)
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+
+    return setup
+
+
+class DevicePoolLauncher(Launcher):
+    """Hydra launcher: the sweep's jobs as child processes on a pool of devices (module docstring)."""
+
+    def __init__(self, devices: Any = None, jobs_per_device: int = 1) -> None:
+        self.devices = devices
+        self.jobs_per_device = jobs_per_device
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+        self._stop_signal: int | None = None
+        self._running: dict[int, _Job] = {}
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    # Hydra's API: a fixed list of jobs, all queued at once (so the largest can go first).
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        returns: dict[int, JobReturn] = {}
+        jobs = [QueuedJob(list(o)) for o in job_overrides]
+        self._run(
+            lambda i: jobs[i - initial_job_idx] if i - initial_job_idx < len(jobs) else None,
+            returns.__setitem__,
+            first_index=initial_job_idx,
+            queue_all=True,
+            announced=len(jobs),
+        )
+        return [returns[initial_job_idx + i] for i in range(len(jobs))]
+
+    def run_queue(
+        self,
+        next_job: Callable[[int], QueuedJob | None],
+        on_done: Callable[[int, JobReturn], None],
+        first_index: int = 0,
+    ) -> None:
+        """Ask ``next_job(job_idx)`` for a job whenever a device is free and no queued job fits it
+        (None: no more jobs); call ``on_done(job_idx, job_return)`` as each job ends. Returns when
+        there are no more jobs and every started one has ended."""
+        self._run(next_job, on_done, first_index=first_index, queue_all=False, announced=None)
+
+    def _run(
+        self,
+        next_job: Callable[[int], QueuedJob | None],
+        on_done: Callable[[int, JobReturn], None],
+        *,
+        first_index: int,
+        queue_all: bool,
+        announced: int | None,
+    ) -> None:
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        try:
+            ids = pool_ids(
+                self.devices,
+                visible_gpus() if self.devices is None or isinstance(self.devices, int) else None,
+            )
+            cores = (
+                sorted(os.sched_getaffinity(0))
+                if hasattr(os, "sched_getaffinity")
+                else list(range(os.cpu_count() or 1))
+            )
+            schedule = DeviceSchedule(ids, int(self.jobs_per_device), cores)
+        except ValueError as error:
+            raise SystemExit(f"litlab: error: {error}") from None
+        gpu_pool = visible_gpus() is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
+        count = f"{announced} jobs" if announced is not None else "jobs as they come"
+        log.info(
+            "Launching %s on a pool of %d device%s (%s), %d job%s per device",
+            count,
+            len(ids),
+            "" if len(ids) == 1 else "s",
+            ",".join(ids),
+            schedule.jobs_per_device,
+            "" if schedule.jobs_per_device == 1 else "s",
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._stop_signal = None
+        queue: dict[int, _Job] = {}
+        next_index = first_index
+        more = True
+        try:
+            while True:
+                # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
+                while more and self._stop_signal is None:
+                    if not queue_all:
+                        pending = [Pending(j.index, j.need) for j in queue.values()]
+                        if not schedule.has_free_slot() or schedule.next_to_start(pending) is not None:
+                            break
+                        if len(queue) >= schedule.size * schedule.jobs_per_device:
+                            break
+                    queued = next_job(next_index)
+                    if queued is None:
+                        more = False
+                        break
+                    index, next_index = next_index, next_index + 1
+                    job = self._prepare(index, queued, schedule)
+                    if isinstance(job, _Job):
+                        queue[index] = job
+                    else:  # not started: too large, or completed before
+                        on_done(index, job)
+                # Start what fits.
+                while self._stop_signal is None:
+                    chosen = schedule.next_to_start([Pending(j.index, j.need) for j in queue.values()])
+                    if chosen is None:
+                        break
+                    self._start(queue.pop(chosen.index), schedule, gpu_pool)
+                stopping = self._stop_signal is not None
+                if not self._running and (stopping or (not queue and not more)):
+                    break
+                time.sleep(_POLL_S)
+                for index, job in list(self._running.items()):
+                    if job.process.poll() is not None:
+                        del self._running[index]
+                        schedule.give_back(job.taken)
+                        on_done(index, self._finish(job))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for job in self._running.values():  # an error in the sweep itself: its jobs stop too
+                self._terminate(job)
+        if self._stop_signal is not None:
+            name = signal.Signals(self._stop_signal).name
+            log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
+            raise SystemExit(128 + self._stop_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._stop_signal is None:
+            log.warning(
+                "%s: stopping the %d running job(s) (SIGTERM: each writes preempted.ckpt)",
+                signal.Signals(signum).name,
+                len(self._running),
+            )
+        self._stop_signal = signum
+        for job in self._running.values():
+            self._terminate(job)
+
+    @staticmethod
+    def _terminate(job: _Job) -> None:
+        if job.process is not None and job.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # the job's ranks are in its process group
+                os.killpg(job.process.pid, signal.SIGTERM)
+
+    def _job_config(self, index: int, overrides: list[str]) -> DictConfig:
+        assert self.hydra_context is not None and self.config is not None
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config):
+            config.hydra.job.id = index
+            config.hydra.job.num = index
+        HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
+        output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+            config.hydra.runtime.output_dir = str(output_dir.absolute())
+        HydraConfig.instance().set_config(config)
+        return config
+
+    def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
+        """The job's folder, .hydra/ and command.sh; the job's JobReturn instead for a job that does
+        not start: too large, or completed by an earlier sweep."""
+        from litlab.config.rules import device_count
+        from litlab.launch.multirun import child_command
+
+        config = self._job_config(index, list(queued.overrides))
+        job_dir = Path(config.hydra.runtime.output_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        task_cfg = self._task_config(config)
+        if config.hydra.output_subdir is not None:
+            hydra_output = job_dir / str(config.hydra.output_subdir)
+            _save_config(task_cfg, "config.yaml", hydra_output)
+            _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
+            _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
+        command = child_command(config.hydra, job_dir, self._entry_module())
+        (job_dir / "command.sh").write_text(
+            "#!/bin/sh\n# This sweep job alone, as the sweep ran it (from the sweep's directory):\n"
+            f"cd {shlex.quote(str(config.hydra.runtime.cwd))}\n{shlex.join(command)}\n"
+        )
+        log.info("\t#%d : %s", index, " ".join(filter_overrides(queued.overrides)))
+        devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
+        accelerator = OmegaConf.select(task_cfg, "trainer.accelerator", default="auto")
+        nodes = OmegaConf.select(task_cfg, "trainer.num_nodes", default=1)
+        need = device_count(devices)
+        if need is None:  # "auto", -1: every device a job sees; on the CPU one process
+            need = 1 if accelerator == "cpu" else schedule.size
+        job = _Job(index, config, job_dir, command, need, dict(queued.env))
+        if isinstance(nodes, int) and nodes > 1:
+            return self._not_started(
+                job, f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
+            )
+        if not schedule.fits_ever(need):
+            return self._not_started(
+                job,
+                f"the job needs {need} devices (trainer.devices={devices}) and the pool has {schedule.size} "
+                f"({','.join(schedule.ids)}): set hydra.launcher.devices",
+            )
+        completed = self._completed_summary(task_cfg)
+        if completed is not None:
+            log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
+            completed["run_dir"] = str(job_dir)
+            completed["sweep"] = {**self._sweep_record(job), "skipped": True}
+            (job_dir / "summary.json").write_text(json.dumps(completed, indent=2, default=str) + "\n")
+            return self._job_return(job, completed)
+        return job
+
+    def _entry_module(self) -> str:
+        """The module whose command the jobs run: the one that defines the task function
+        (litlab.cli.train, litlab.cli.evaluate)."""
+        module = getattr(self.task_function, "__module__", None) or "litlab.cli.train"
+        if module == "__main__":  # started as python -m litlab.cli.train
+            spec = getattr(sys.modules["__main__"], "__spec__", None)
+            module = spec.name if spec is not None else "litlab.cli.train"
+        return module
+
+    @staticmethod
+    def _task_config(config: DictConfig) -> DictConfig:
+        task_cfg = copy.deepcopy(config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        return task_cfg
+
+    @staticmethod
+    def _completed_summary(task_cfg: DictConfig) -> dict | None:
+        """The stored summary of this job's run identity when that run completed (local storage,
+        resume=auto): what the job's own process would find and stop at."""
+        from litlab.run.identity import run_identity
+
+        if task_cfg.get("task_name") != "train":  # litlab-eval's jobs store no run
+            return None
+        root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "")
+        if str(task_cfg.get("resume")) != "auto" or "://" in root.removeprefix("file://") or not root:
+            return None
+        if OmegaConf.select(task_cfg, "trainer.fast_dev_run", default=False):
+            return None
+        path = Path(root.removeprefix("file://")) / run_identity(task_cfg) / "summary.json"
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return stored if stored.get("status") == "completed" else None
+
+    def _sweep_record(self, job: _Job) -> dict[str, Any]:
+        return {
+            "dir": str(job.config.hydra.sweep.dir),
+            "job_num": job.index,
+            "devices": job.devices,
+            "start": job.start,
+            "end": job.end,
+            "beside": sorted(job.beside),
+            "command": shlex.join(job.command),
+        }
+
+    def _start(self, job: _Job, schedule: DeviceSchedule, gpu_pool: bool) -> None:
+        from litlab.launch.multirun import SWEEP_JOB_ENV
+
+        job.taken = schedule.take(job.need)
+        job.devices, job.cores = job.taken.ids, job.taken.cores
+        job.start, job.start_s = _utc_now(), time.monotonic()
+        for other in self._running.values():
+            other.beside.add(job.index)
+            job.beside.add(other.index)
+        env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+        env[SWEEP_JOB_ENV] = json.dumps(self._sweep_record(job))
+        # Torch's threads: the job's cores, split between its ranks (each rank is a process); never
+        # more than an OMP_NUM_THREADS the sweep was given.
+        threads = max(1, len(job.cores) // max(1, job.need))
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
+        env["OMP_NUM_THREADS"] = str(threads)
+        if gpu_pool:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
+        job.output = open(job.dir / "output.log", "ab")  # noqa: SIM115  (closed when the job ends)
+        job.process = subprocess.Popen(
+            job.command,
+            cwd=str(job.config.hydra.runtime.cwd),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=job.output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the sweep only; it stops the jobs with SIGTERM
+            preexec_fn=_die_with_parent_and_pin(job.cores, os.getpid()),
+        )
+        self._running[job.index] = job
+        log.info(
+            "job %d started on device(s) %s, cores %s: %s",
+            job.index,
+            ",".join(job.devices),
+            _ranges(job.cores),
+            job.dir / "output.log",
+        )
+
+    def _finish(self, job: _Job) -> JobReturn:
+        """The job ended: its summary.json gets the sweep's record (and a failure the process could
+        not write itself); the JobReturn with its optimized_metric."""
+        from litlab.launch.multirun import describe_exit
+        from litlab.run.summary import COMPLETED, FAILED
+
+        assert job.process is not None and job.output is not None
+        job.output.close()
+        job.end = _utc_now()
+        returncode = job.process.returncode
+        path = job.dir / "summary.json"
+        stored = json.loads(path.read_text()) if path.is_file() else None
+        if stored is None and returncode == 0:  # an entry point that writes no summary (litlab-eval)
+            return self._job_return(job, {})
+        if stored is None:
+            HydraConfig.instance().set_config(job.config)
+            summary = self._failed_summary(
+                job, f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
+            )
+            stored = summary.to_dict()
+        elif returncode != 0 and stored.get("status") == COMPLETED:
+            stored["status"], stored["error"] = FAILED, f"the job's process {describe_exit(returncode)}"
+        stored["sweep"] = {**(stored.get("sweep") or {}), **self._sweep_record(job)}
+        path.write_text(json.dumps(stored, indent=2, default=str) + "\n")
+        status = stored.get("status")
+        took = time.monotonic() - job.start_s
+        if status == COMPLETED:
+            log.info("job %d completed in %.1f s", job.index, took)
+        else:
+            log.error(
+                "job %d %s after %.1f s: %s (%s)",
+                job.index,
+                status,
+                took,
+                stored.get("error"),
+                job.dir / "output.log",
+            )
+        return self._job_return(job, stored)
+
+    def _failed_summary(self, job: _Job, error: str) -> Any:
+        from litlab.run.summary import FAILED, Summary
+
+        return Summary.of_config(
+            self._task_config(job.config),
+            FAILED,
+            error,
+            run_dir=job.dir,
+            choices=dict(job.config.hydra.runtime.choices),
+            overrides=list(job.config.hydra.overrides.task),
+            sweep=self._sweep_record(job),
+        )
+
+    def _not_started(self, job: _Job, error: str) -> JobReturn:
+        log.error("job %d not started: %s", job.index, error)
+        summary = self._failed_summary(job, error)
+        summary.write(job.dir / "summary.json")
+        return self._job_return(job, summary.to_dict())
+
+    def _job_return(self, job: _Job, summary: dict[str, Any]) -> JobReturn:
+        ret = JobReturn()
+        ret.cfg = self._task_config(job.config)
+        ret.hydra_cfg = job.config
+        ret.overrides = list(job.config.hydra.overrides.task)
+        ret.working_dir = str(job.dir)
+        ret.task_name = str(job.config.hydra.job.name)
+        ret.status = JobStatus.COMPLETED  # a failed job is a failed row of the report, not the sweep's end
+        metric = summary.get("optimized_metric")
+        ret.return_value = (
+            (summary.get("metrics") or {}).get(metric) if summary.get("status") == "completed" else None
+        )
+        return ret
+
+
+def _ranges(cores: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for core in sorted(cores):
+        if runs and runs[-1][-1] == core - 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
