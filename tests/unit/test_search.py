@@ -161,7 +161,8 @@ class FunctionPool:
         self.started: list[tuple[int, list[str], dict]] = []
         self.next_idx = 0
 
-    def run_queue(self, next_job, on_done) -> None:
+    def run_queue(self, next_job, on_done, first_index: int = 0) -> None:
+        assert first_index == self.next_idx  # job folders never repeat within a sweep
         running: list[tuple[int, object]] = []
         exhausted = False
         while True:

@@ -68,6 +68,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config.rules import ConfigError
+from litlab.launch.pool import QueuedJob
 from litlab.run.identity import NOT_IDENTITY
 
 if TYPE_CHECKING:
@@ -477,7 +478,7 @@ class OptunaSearch(Sweeper):
         by other workers' trials, wait for them (a dead worker's trials turn stale and come back as
         retries) until the study has n_trials spent."""
         while True:
-            self.launcher.run_queue(trials.next_job, trials.on_done)
+            self.launcher.run_queue(trials.next_job, trials.on_done, first_index=trials.next_index)
             if trials.finished_waiting():
                 return
 
@@ -529,22 +530,6 @@ def _max_epochs(cfg: DictConfig) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-@dataclass
-class QueuedTrialJob:
-    """What ``run_queue``'s ``next_job`` returns (the launcher's ``QueuedJob``: overrides and env)."""
-
-    overrides: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def _queued_job(overrides: list[str], env: dict[str, str]) -> Any:
-    try:
-        from litlab.launch.pool import QueuedJob
-    except ImportError:  # no device pool in this version: the batch path reads the same two fields
-        return QueuedTrialJob(overrides, env)
-    return QueuedJob(overrides=overrides, env=env)
-
-
 class _Trials:
     """The trials of one worker: asks (``next_job``), tells (``on_done``), keeps the budget."""
 
@@ -564,6 +549,7 @@ class _Trials:
         self.sweep_dir = sweep_dir
         self.metric = metric
         self.running: dict[int, RunningTrial] = {}  # job index -> trial
+        self.next_index = 0  # the sweep's next job number (job folders <sweep dir>/<job number>)
         self.returns: list[JobReturn] = []
         self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
 
@@ -591,7 +577,8 @@ class _Trials:
             self.running[job_idx] = RunningTrial(trial, overrides)
             log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
             env = {TRIAL_ENV: json.dumps({**self.env, "trial": trial.number})}
-            return _queued_job(overrides, env)
+            self.next_index = max(self.next_index, job_idx + 1)
+            return QueuedJob(overrides=overrides, env=env)
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
         """Another worker asked at the same moment and this trial is over the budget: mark it unused;
