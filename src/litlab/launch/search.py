@@ -450,9 +450,9 @@ class OptunaSearch(Sweeper):
             sweep_dir=sweep_dir,
             metric=str(cfg.optimized_metric),
         )
-        budget = budget_of(study.get_trials(deepcopy=False))
+        budget = trials.budget()  # a dead sweep's trials are failed (and retried) first
         log.info(
-            "Optuna study %s in %s: %d of %d trials spent, %d running elsewhere; sampler %s, pruner %s",
+            "Optuna study %s in %s: %d of %d trials spent, %d running in other sweeps; sampler %s, pruner %s",
             name,
             without_password(url),
             budget.spent,
