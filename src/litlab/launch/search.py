@@ -46,6 +46,7 @@ import math
 import os
 import shlex
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -233,6 +234,38 @@ def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
     return storage
 
 
+def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
+    """The study's RDB storage, with heartbeats and retries of stale trials. Workers of one search
+    started at the same moment (a job array) race to create Optuna's tables in a new database; the
+    losers' CREATE fails on what the winner made, and their next try finds the tables there. A
+    database that cannot be reached is one line naming the URL (without its password)."""
+    import random
+
+    import optuna
+    import sqlalchemy.exc
+
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs={"pool_pre_ping": True},
+                heartbeat_interval=heartbeat_interval,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=max_retry
+                ),
+            )
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == 5:
+                raise
+            time.sleep(random.uniform(0.2, 1.0))  # another worker is creating the tables
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as error:
+            reason = " ".join(str(error).split("\n")[0].split())
+            raise ConfigError(
+                f"hydra.sweeper.storage: cannot open the study's database {without_password(url)}: {reason}"
+            ) from None
+    raise AssertionError("unreachable")
+
+
 def without_password(url: str) -> str:
     """A storage URL as it may be shown and written: any password replaced by ***."""
     parts = urlsplit(url)
@@ -398,10 +431,11 @@ class OptunaSearch(Sweeper):
 
     def sweep(self, arguments: list[str]) -> list[JobReturn]:
         assert self.config is not None and self.launcher is not None
-        from litlab.errors import one_line_errors
-
-        with one_line_errors():
+        try:
             return self._sweep(arguments)
+        except ConfigError as error:  # bad search settings, a database out of reach: one line, exit 2
+            sys.stderr.write(f"litlab: error: {' '.join(str(error).split())}\n")
+            raise SystemExit(2) from None
 
     def _sweep(self, arguments: list[str]) -> list[JobReturn]:
         import optuna
@@ -419,14 +453,7 @@ class OptunaSearch(Sweeper):
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         url = storage_url(self.storage, str(cfg.storage.root), name)
         quiet_optuna()
-        storage = optuna.storages.RDBStorage(
-            url,
-            engine_kwargs={"pool_pre_ping": True},
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                max_retry=self.max_retry
-            ),
-        )
+        storage = open_storage(url, self.heartbeat_interval, self.max_retry)
         pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": _max_epochs(cfg)}
         study = optuna.create_study(
             study_name=name,
