@@ -338,11 +338,22 @@ def within_budget(trials: Sequence[optuna.trial.FrozenTrial], number: int, n_tri
 # --- samplers and pruners ------------------------------------------------------------------------
 
 
+def worker_seed(seed: int | None) -> int | None:
+    """The seed of this worker's sampler: ``sampler.seed`` with the host and process id. Workers of
+    one study (machines, or reruns of the command) given the same seed would otherwise draw the same
+    parameters, trial for trial. A search with free slots is not repeatable draw for draw anyway:
+    trials end, and are told, in the order the machine's timing gives."""
+    if seed is None:
+        return None
+    text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
+
+
 def make_sampler(sampler: dict[str, Any]) -> Any:
     import optuna
 
     name = sampler.get("name", "tpe")
-    seed = sampler.get("seed")
+    seed = worker_seed(sampler.get("seed"))
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=int(sampler.get("n_startup_trials", 10))
