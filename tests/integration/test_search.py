@@ -2,7 +2,7 @@
 pool, a real SQLite study under the storage root, and a real PostgreSQL server shared by two sweeps.
 
 Tiny trials (the MLP, a few batches); each trial is a process of its own (~8 s of imports), so the
-tests keep to 3 trials each.
+tests keep to 2 trials each.
 """
 
 from __future__ import annotations
