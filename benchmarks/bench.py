@@ -17,7 +17,10 @@ Sections:
    channels_last, cudnn benchmark) run beside the default litlab run of one case.
 2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
    and how long a config error (``precision=fp61``) takes to exit.
-3. sweep: a 4-job multirun, Hydra's sequential launcher vs ``hydra/launcher=joblib``.
+3. sweep: the default launcher's pool (``hydra.launcher.devices=2`` on this CPU): its efficiency on
+   jobs of known, unequal lengths (makespan / max(longest job, total job time / devices)), the cost
+   of a job's own process (first optimizer step minus ``import lightning``), and the wall time of
+   the 9-job ``sweep=precision_accumulation`` with one and two devices.
 4. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
    accumulation, and the matmul/TF32 settings they ran with.
 
@@ -46,6 +49,7 @@ log = logging.getLogger("benchmarks.bench")
 REPO = Path(__file__).resolve().parents[1]
 
 STEP_TIMER = "benchmarks.step_timer.StepTimer"
+HOLD_AFTER_TRAINING = "benchmarks.step_timer.HoldAfterTraining"
 
 # The step-overhead cases: name -> litlab-train overrides. cnn-digits is the default run; char_lm
 # the second example task.
@@ -55,6 +59,14 @@ STEP_CASES: dict[str, list[str]] = {
     "cnn-synthetic-3x32x32": ["model=cnn", "data=synthetic"],
     "char_lm": ["experiment=char_lm"],
 }
+
+
+TINY_RUN = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2")
+TINY_RUN += ("test_after_fit=false",)
+# issue 20: the pool's makespan at most 15 % above the ideal; a job's own process at most 1.5 s more
+# than `import lightning` before its first optimizer step.
+POOL_EFFICIENCY_TARGET = 1.15
+OWN_PROCESS_COST_TARGET_S = 1.5
 
 
 @dataclass
@@ -72,12 +84,16 @@ class Settings:
     )
     warmup_steps: int = 10
     cases: tuple[str, ...] = tuple(STEP_CASES)
-    sweep_jobs: int = 4
-    sweep_overrides: tuple[str, ...] = ("trainer.max_epochs=3",)
+    # Pool efficiency: seconds each job waits after training (its known, unequal length), the
+    # jobs' settings. A long job first and short ones: the short ones share the other device.
+    pool_holds: tuple[float, ...] = (12, 2, 3, 4, 6, 2.5)
+    pool_overrides: tuple[str, ...] = ("model=mlp", "trainer.max_epochs=1", "test_after_fit=false")
+    # The 9-job sweep, timed on a pool of 1 and of 2 devices.
+    grid_overrides: tuple[str, ...] = ("sweep=precision_accumulation", "trainer.max_epochs=1")
+    grid_devices: tuple[int, ...] = (1, 2)
     # Speed options, off by default: each runs as one more litlab run beside the default of this case.
     options_case: str = "cnn-synthetic-3x32x32"
     options: tuple[str, ...] = ("compile=true", "model.channels_last=true", "trainer.benchmark=true")
-    joblib_overrides: tuple[str, ...] = ()  # n_jobs=-1 (the plugin's default): a worker per core
     import_modules: tuple[str, ...] = ("torch", "lightning")
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
@@ -93,11 +109,17 @@ class Settings:
             steps=dict.fromkeys(STEP_CASES, 30),
             warmup_steps=5,
             cases=("cnn-digits",),
-            sweep_jobs=2,
-            sweep_overrides=("trainer.max_epochs=1", "trainer.limit_train_batches=2", "test_after_fit=false"),
+            pool_holds=(1, 0.5, 0),
+            pool_overrides=("model=mlp", *TINY_RUN),
+            grid_overrides=(
+                "sweep=precision_accumulation",
+                "precision=fp32",
+                "trainer.accumulate_grad_batches=1,2",
+                *TINY_RUN,
+            ),
+            grid_devices=(2,),
             options_case="cnn-digits",
             options=("model.channels_last=true",),
-            joblib_overrides=("hydra.launcher.n_jobs=1",),  # one worker process: one Lightning import
             import_modules=("lightning",),
             accelerator_steps=4,
             accelerator_warmup=2,
@@ -459,17 +481,78 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
 
 
 def sweep_section(bench: Bench) -> dict[str, Any]:
-    """Wall time of one multirun of ``sweep_jobs`` jobs, per launcher."""
-    seeds = ",".join(str(seed) for seed in range(1, bench.settings.sweep_jobs + 1))
-    common = ["-m", "litlab.cli.train", "-m", f"seed={seeds}", *bench.settings.sweep_overrides]
-    result: dict[str, Any] = {"jobs": bench.settings.sweep_jobs, "overrides": list(common[3:])}
-    joblib = ["hydra/launcher=joblib", *bench.settings.joblib_overrides]
-    for launcher, extra in (("sequential", []), ("joblib", joblib)):
-        sweep_dir = f"hydra.sweep.dir={bench.dir / 'sweeps' / launcher}"
-        _, seconds, _ = bench.process(f"sweep-{launcher}", [*common, *extra, sweep_dir])
-        result[f"{launcher}_s"] = seconds
-    result["joblib_speedup"] = result["sequential_s"] / result["joblib_s"]
+    """The default launcher's pool on this CPU: efficiency, a job's own-process cost, grid wall time."""
+    settings = bench.settings
+    result: dict[str, Any] = {}
+    # Pool efficiency and own-process cost: one multirun on 2 devices, every job timed by its own
+    # record (summary.json: sweep start/end) and its first optimizer step (the step timer).
+    import_lightning_s, _ = bench.import_seconds("lightning")
+    sweep_dir = bench.dir / "sweeps" / "pool"
+    holds = ",".join(f"{h:g}" for h in settings.pool_holds)
+    args = [
+        "-m",
+        "litlab.cli.train",
+        "-m",
+        "hydra.launcher.devices=2",
+        f"+callbacks.hold._target_={HOLD_AFTER_TRAINING}",
+        f"+callbacks.hold.seconds={holds}",
+        f"+callbacks.bench_timer._target_={STEP_TIMER}",
+        "+callbacks.bench_timer.path=${hydra:runtime.output_dir}/steps.json",
+        *settings.pool_overrides,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    _, sweep_s, _ = bench.process("sweep-pool", args)
+    jobs = []
+    for summary_file in sorted(sweep_dir.glob("*/summary.json"), key=lambda p: int(p.parent.name)):
+        summary = json.loads(summary_file.read_text())
+        if summary["status"] != "completed":
+            raise RuntimeError(f"{summary_file.parent}: {summary['status']}: {summary['error']}")
+        steps = json.loads((summary_file.parent / "steps.json").read_text())
+        start, end = (_unix(summary["sweep"][k]) for k in ("start", "end"))
+        jobs.append(
+            {
+                "hold_s": settings.pool_holds[int(summary_file.parent.name)],
+                "devices": summary["sweep"]["devices"],
+                "start_s": start,
+                "seconds": end - start,
+                "first_step_s": steps["first_step_unix"] - start,
+            }
+        )
+    first_start = min(j["start_s"] for j in jobs)
+    for job in jobs:
+        job["own_process_cost_s"] = job["first_step_s"] - import_lightning_s
+        job["start_s"] -= first_start
+    makespan = max(j["start_s"] + j["seconds"] for j in jobs)
+    lengths = [j["seconds"] for j in jobs]
+    ideal = max(max(lengths), sum(lengths) / 2)
+    result["pool"] = {
+        "overrides": args[3:-1],
+        "devices": 2,
+        "jobs": jobs,
+        "sweep_process_s": sweep_s,
+        "makespan_s": makespan,
+        "ideal_s": ideal,
+        "efficiency": makespan / ideal,
+        "import_lightning_s": import_lightning_s,
+        "own_process_cost_s": spread([j["own_process_cost_s"] for j in jobs]),
+    }
+    # The 9-job grid: wall time of the whole multirun (sweep process start to exit).
+    result["grid"] = {"overrides": list(settings.grid_overrides), "runs": {}}
+    for devices in settings.grid_devices:
+        sweep_dir = bench.dir / "sweeps" / f"grid-{devices}"
+        args = ["-m", "litlab.cli.train", "-m", *settings.grid_overrides, f"hydra.launcher.devices={devices}"]
+        _, seconds, _ = bench.process(f"sweep-grid-{devices}", [*args, f"hydra.sweep.dir={sweep_dir}"])
+        statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/summary.json")]
+        result["grid"]["runs"][str(devices)] = {
+            "wall_s": seconds,
+            "jobs": len(statuses),
+            "statuses": statuses,
+        }
     return result
+
+
+def _unix(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso).timestamp()
 
 
 ACCELERATOR_SHAPES = {32: [3, 32, 32], 224: [3, 224, 224]}
@@ -713,13 +796,26 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("")
     sweep = result.get("sweep")
     if sweep:
+        pool, grid = sweep["pool"], sweep["grid"]
+        cost = pool["own_process_cost_s"]
         lines += [
-            f"**Sweep** ({sweep['jobs']} jobs: `{' '.join(sweep['overrides'])}`)",
+            f"**Sweep**: the pool of `hydra.launcher.devices=2`, {len(pool['jobs'])} jobs of unequal "
+            f"lengths (`{' '.join(pool['overrides'])}`)",
             "",
-            "| launcher | wall s |",
-            "| --- | ---: |",
-            f"| sequential (Hydra's basic launcher) | {sweep['sequential_s']:.1f} |",
-            f"| `hydra/launcher=joblib` | {sweep['joblib_s']:.1f} |",
+            "| measure | value | target |",
+            "| --- | ---: | ---: |",
+            f"| makespan / ideal (max(longest, total / 2)) | {pool['efficiency']:.2f} "
+            f"({pool['makespan_s']:.1f} / {pool['ideal_s']:.1f} s) | <= {POOL_EFFICIENCY_TARGET} |",
+            f"| a job's own process: first step minus `import lightning` "
+            f"({pool['import_lightning_s']:.2f} s), median (min-max) "
+            f"| {cost['median']:.2f} ({cost['min']:.2f}-{cost['max']:.2f}) s "
+            f"| <= {OWN_PROCESS_COST_TARGET_S} s |",
+            "",
+            f"`{' '.join(grid['overrides'])}`:",
+            "",
+            "| hydra.launcher.devices | jobs | wall s |",
+            "| ---: | ---: | ---: |",
+            *(f"| {d} | {r['jobs']} | {r['wall_s']:.1f} |" for d, r in grid["runs"].items()),
             "",
         ]
     accelerator = result.get("accelerator")

@@ -99,3 +99,14 @@ def backend_settings() -> dict[str, Any]:
         "cudnn.version": cudnn.version(),
         "device_name": torch.cuda.get_device_name(),
     }
+
+
+class HoldAfterTraining(Callback):
+    """Bench-only: waits ``seconds`` after training, without using the CPU, so sweep jobs have known,
+    unequal lengths (the pool-efficiency measure of ``litlab-bench``'s sweep section)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        time.sleep(self.seconds)

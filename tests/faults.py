@@ -13,6 +13,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 import warnings
 
@@ -197,10 +198,16 @@ class MeetAtTrainStart(Callback):
     all arrive, and the first one fails after ``MEET_S``: how a test tells that jobs overlapped
     without comparing times."""
 
+    def __init__(self, runs: int | None = None) -> None:
+        self.runs = runs  # wait for this many instead of $LITLAB_TEST_MEET's n
+
     def on_train_start(self, trainer, pl_module) -> None:
         folder, n = os.environ["LITLAB_TEST_MEET"].rsplit(":", 1)
-        with open(os.path.join(folder, str(os.getpid())), "w"):
-            pass
+        n = self.runs or int(n)
+        # What the process was given to run on, for tests of where a launcher put it.
+        given = {"cpus": sorted(os.sched_getaffinity(0)), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        with open(os.path.join(folder, str(os.getpid())), "w") as file:
+            file.write(json.dumps({**given, "threads": torch.get_num_threads(), "argv": sys.argv}))
         deadline = time.monotonic() + MEET_S
         while len(os.listdir(folder)) < int(n):
             if time.monotonic() > deadline:

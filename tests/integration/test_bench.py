@@ -53,12 +53,18 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
         assert startup[key]["median"] > 0, key
     assert "precision=fp61" in table
 
-    # The sweep ran both launchers, and every job of each finished its run.
-    sweep = report["sweep"]
-    for launcher in ("sequential", "joblib"):
-        summaries = list((out / "sweeps" / launcher).glob("*/summary.json"))
-        assert len(summaries) == sweep["jobs"] == 2, launcher
-        assert {json.loads(s.read_text())["status"] for s in summaries} == {"completed"}
+    # The pool's sweep: every job timed by its own record, the efficiency from those times; the
+    # grid's jobs all finished.
+    pool, grid = report["sweep"]["pool"], report["sweep"]["grid"]
+    assert [job["hold_s"] for job in pool["jobs"]] == [1, 0.5, 0]
+    lengths = [job["seconds"] for job in pool["jobs"]]
+    assert pool["ideal_s"] == pytest.approx(max(max(lengths), sum(lengths) / 2))
+    assert pool["makespan_s"] == pytest.approx(max(j["start_s"] + j["seconds"] for j in pool["jobs"]))
+    assert pool["efficiency"] == pytest.approx(pool["makespan_s"] / pool["ideal_s"])
+    assert all(0 < job["first_step_s"] < job["seconds"] for job in pool["jobs"])
+    assert {tuple(job["devices"]) for job in pool["jobs"][:2]} == {("0",), ("1",)}  # both at once
+    assert grid["runs"]["2"]["statuses"] == ["completed"] * 2
+    assert "makespan / ideal" in table and "| 2 | 2 |" in table
 
     accelerator = report["accelerator"]
     if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table

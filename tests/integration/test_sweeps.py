@@ -160,6 +160,8 @@ def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_pat
     failed, completed = summaries(sweep_dir)
     assert failed["status"] == "failed"
     assert "data.global_batch_size=96" in failed["error"] and "5" in failed["error"]
+    # Found by the sweep before the job's process would start: none did.
+    assert not (job_dirs(sweep_dir)[0] / "output.log").exists()
     assert completed["status"] == "completed"
     assert (completed["micro_batch_size"], completed["effective_batch_size"]) == (48, 96)
 

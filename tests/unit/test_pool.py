@@ -123,3 +123,21 @@ def test_next_to_start_breaks_ties_by_sweep_order():
     assert schedule.next_to_start(queue).index == 7
     schedule.take(1)
     assert schedule.next_to_start(queue).index == 2  # the 2-device job does not fit one free device
+
+
+def test_a_job_waits_while_another_job_of_its_run_identity_runs():
+    # The same overrides twice (seed=1,1): one run identity, one storage folder and lock. The second
+    # waits for the first (then finds its run completed) instead of failing on the lock.
+    from pathlib import Path
+
+    from litlab.launch.pool import DevicePoolLauncher, _Job
+
+    def job(index: int, identity: str) -> _Job:
+        return _Job(index, None, Path(str(index)), [], 1, {}, identity)
+
+    launcher = DevicePoolLauncher(devices=2)
+    launcher._running = {0: job(0, "default-aaa")}
+    queue = {1: job(1, "default-aaa"), 2: job(2, "default-bbb")}
+    assert [p.index for p in launcher._startable(queue)] == [2]
+    launcher._running = {}
+    assert [p.index for p in launcher._startable(queue)] == [1, 2]

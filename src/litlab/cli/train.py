@@ -6,6 +6,7 @@ litlab-train -m precision=fp32,bf16 trainer.accumulate_grad_batches=1,4
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -55,7 +56,8 @@ def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
-    preflight.check_or_exit("train", sys.argv[1:])
+    if multirun.SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
+        preflight.check_or_exit("train", sys.argv[1:])
     sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory
     try:
         train()

@@ -238,6 +238,7 @@ class _Job:
     command: list[str]
     need: int
     env: dict[str, str]
+    identity: str | None = None  # the run identity (train jobs): its storage folder and lock
     devices: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     taken: Taken | None = None
@@ -326,19 +327,12 @@ class DevicePoolLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         try:
-            ids = pool_ids(
-                self.devices,
-                visible_gpus() if self.devices is None or isinstance(self.devices, int) else None,
-            )
-            cores = (
-                sorted(os.sched_getaffinity(0))
-                if hasattr(os, "sched_getaffinity")
-                else list(range(os.cpu_count() or 1))
-            )
-            schedule = DeviceSchedule(ids, int(self.jobs_per_device), cores)
+            gpus = visible_gpus()
+            ids = pool_ids(self.devices, gpus)
+            schedule = DeviceSchedule(ids, int(self.jobs_per_device), _usable_cores())
         except ValueError as error:
             raise SystemExit(f"litlab: error: {error}") from None
-        gpu_pool = visible_gpus() is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
+        gpu_pool = gpus is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
         log.info(
             "Launching %s on a pool of %d device%s (%s), %d job%s per device",
@@ -359,7 +353,7 @@ class DevicePoolLauncher(Launcher):
                 # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
                 while more and self._stop_signal is None:
                     if not queue_all:
-                        pending = [Pending(j.index, j.need) for j in queue.values()]
+                        pending = self._startable(queue)
                         if not schedule.has_free_slot() or schedule.next_to_start(pending) is not None:
                             break
                         if len(queue) >= schedule.size * schedule.jobs_per_device:
@@ -376,7 +370,7 @@ class DevicePoolLauncher(Launcher):
                         on_done(index, job)
                 # Start what fits.
                 while self._stop_signal is None:
-                    chosen = schedule.next_to_start([Pending(j.index, j.need) for j in queue.values()])
+                    chosen = schedule.next_to_start(self._startable(queue))
                     if chosen is None:
                         break
                     self._start(queue.pop(chosen.index), schedule, gpu_pool)
@@ -398,6 +392,20 @@ class DevicePoolLauncher(Launcher):
             name = signal.Signals(self._stop_signal).name
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
             raise SystemExit(128 + self._stop_signal)
+
+    def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
+        """Queued jobs that may start: not one whose run identity a running job holds (the same
+        overrides twice, e.g. ``seed=1,1``: the second waits, then finds the run completed)."""
+        held = {job.identity for job in self._running.values()}
+        return [
+            Pending(j.index, j.need) for j in queue.values() if j.identity is None or j.identity not in held
+        ]
+
+    @staticmethod
+    def _identity(task_cfg: DictConfig) -> str | None:
+        from litlab.run.identity import run_identity
+
+        return run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is None:
@@ -456,7 +464,7 @@ class DevicePoolLauncher(Launcher):
         need = device_count(devices)
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
             need = 1 if accelerator == "cpu" else schedule.size
-        job = _Job(index, config, job_dir, command, need, dict(queued.env))
+        job = _Job(index, config, job_dir, command, need, dict(queued.env), self._identity(task_cfg))
         if isinstance(nodes, int) and nodes > 1:
             return self._not_started(
                 job, f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
@@ -467,6 +475,14 @@ class DevicePoolLauncher(Launcher):
                 f"the job needs {need} devices (trainer.devices={devices}) and the pool has {schedule.size} "
                 f"({','.join(schedule.ids)}): set hydra.launcher.devices",
             )
+        if task_cfg.get("task_name") == "train":  # a bad value: a failed row at once, no process
+            from litlab.config.preflight import check_train_config
+            from litlab.config.rules import ConfigError
+
+            try:
+                check_train_config(config, list(config.hydra.overrides.task))
+            except ConfigError as error:
+                return self._not_started(job, str(error))
         completed = self._completed_summary(task_cfg)
         if completed is not None:
             log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
@@ -578,10 +594,10 @@ class DevicePoolLauncher(Launcher):
             return self._job_return(job, {})
         if stored is None:
             HydraConfig.instance().set_config(job.config)
-            summary = self._failed_summary(
-                job, f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
+            error = _error_line(job.dir / "output.log") or (
+                f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
             )
-            stored = summary.to_dict()
+            stored = self._failed_summary(job, error).to_dict()
         elif returncode != 0 and stored.get("status") == COMPLETED:
             stored["status"], stored["error"] = FAILED, f"the job's process {describe_exit(returncode)}"
         stored["sweep"] = {**(stored.get("sweep") or {}), **self._sweep_record(job)}
@@ -633,6 +649,24 @@ class DevicePoolLauncher(Launcher):
             (summary.get("metrics") or {}).get(metric) if summary.get("status") == "completed" else None
         )
         return ret
+
+
+def _error_line(output: Path) -> str | None:
+    """The one-line error a litlab command printed last (``litlab: error: ...``), without its prefix:
+    why a job's process stopped before it could write a summary (a bad value the preflight found)."""
+    prefix = "litlab: error: "
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)]
+    return errors[-1] if errors else None
+
+
+def _usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def _ranges(cores: Sequence[int]) -> str:
