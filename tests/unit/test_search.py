@@ -202,6 +202,7 @@ def searcher(
     )
     settings = {"params": SPACE, "n_trials": 4, "sampler": {"name": "random", "seed": 0}, **settings}
     sweeper = OptunaSearch(**settings)
+    sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra config loader here
     sweeper.config = cfg
     sweeper.launcher = FunctionPool(tmp_path / sweep, job, slots)
     return sweeper, sweeper.launcher
@@ -295,3 +296,24 @@ def test_an_optuna_search_composes_with_litlabs_sweeper(tmp_path):
     from hydra.core.plugins import Plugins
 
     assert Plugins.instance().class_name_to_class["hydra_plugins.litlab_search.OptunaSearch"]
+
+
+def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_path, capsys):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config.preflight import CONFIG_DIR
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    cfg = loader.load_configuration("train", ["hparams_search=optuna"], run_mode=RunMode.MULTIRUN)
+    sweeper, pool = searcher(tmp_path, "sweep", completed)
+    del sweeper.validate_batch_is_legal  # Hydra's own check, with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    with pytest.raises(SystemExit) as stopped:
+        sweeper.sweep(["model=choice(mlp,nosuch)"])
+    assert stopped.value.code == 2 and pool.started == []
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        error.startswith("litlab: error: the search's overrides") and "model=nosuch do not compose" in error
+    )

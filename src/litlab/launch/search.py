@@ -49,7 +49,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -461,6 +461,7 @@ class OptunaSearch(Sweeper):
         if not space.distributions:
             raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
         enqueued = parse_enqueued(self.enqueue)
+        self._check_choices(space)
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         url = storage_url(self.storage, str(cfg.storage.root), name)
         quiet_optuna()
@@ -483,6 +484,7 @@ class OptunaSearch(Sweeper):
         trials = _Trials(
             study,
             space,
+            self.check_composes,
             self.n_trials,
             env={"storage": url, "study": name, "pruner": pruner_spec},
             sweep_dir=sweep_dir,
@@ -510,6 +512,28 @@ class OptunaSearch(Sweeper):
             heartbeat.stop()
         write_best_trial(study, sweep_dir / BEST_TRIAL_FILE, space, url, self.n_trials)
         return trials.returns
+
+    def check_composes(self, overrides: list[str]) -> None:
+        """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
+        nosuch)``): said before a job starts, as Hydra's basic sweeper does for a grid."""
+        try:
+            self.validate_batch_is_legal([overrides])
+        except Exception as error:
+            first_line = next(
+                (line for line in str(error).splitlines() if line.strip()), type(error).__name__
+            )
+            raise ConfigError(
+                f"the search's overrides {' '.join(overrides)} do not compose: {first_line}"
+            ) from None
+
+    def _check_choices(self, space: SearchSpace) -> None:
+        """Every choice of every categorical parameter composes, before any trial is asked for."""
+        from optuna.distributions import CategoricalDistribution
+
+        for name, distribution in space.distributions.items():
+            if isinstance(distribution, CategoricalDistribution):
+                for choice in distribution.choices:
+                    self.check_composes([*space.fixed, f"{name}={_override_value(choice)}"])
 
     def _run_async(self, trials: _Trials) -> None:
         """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
@@ -575,6 +599,7 @@ class _Trials:
         self,
         study: optuna.Study,
         space: SearchSpace,
+        check_composes: Callable[[list[str]], None],
         n_trials: int,
         env: dict[str, Any],
         sweep_dir: Path,
@@ -582,6 +607,7 @@ class _Trials:
     ) -> None:
         self.study = study
         self.space = space
+        self.check_composes = check_composes
         self.n_trials = n_trials
         self.env = env
         self.sweep_dir = sweep_dir
@@ -599,6 +625,8 @@ class _Trials:
 
     def next_job(self, job_idx: int) -> Any:
         """The next trial as a job, or None while the budget is spent or held by running trials."""
+        import optuna
+
         with self.lock:
             if not self.budget().can_ask(self.n_trials):
                 return None
@@ -612,6 +640,11 @@ class _Trials:
             trial.set_user_attr("job_dir", str(job_dir))
             trial.set_user_attr("host", socket.gethostname())
             overrides = [*self.space.fixed, *trial_overrides(trial.params)]
+            try:
+                self.check_composes(overrides)
+            except ConfigError:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
             self.running[job_idx] = RunningTrial(trial, overrides)
             log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
             env = {TRIAL_ENV: json.dumps({**self.env, "trial": trial.number})}
