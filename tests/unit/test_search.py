@@ -317,3 +317,33 @@ def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_pa
     assert (
         error.startswith("litlab: error: the search's overrides") and "model=nosuch do not compose" in error
     )
+
+
+class FunctionLauncher:
+    """A launcher without ``run_queue`` (joblib, submitit): Hydra's ``launch`` of a batch of jobs."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self.batches: list[list[list[str]]] = []
+
+    def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+        self.batches.append([list(o) for o in job_overrides])
+        returns = []
+        for offset, overrides in enumerate(job_overrides):
+            job_dir = self.sweep_dir / str(initial_job_idx + offset)
+            job_dir.mkdir(parents=True)
+            params = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
+            (job_dir / "summary.json").write_text(json.dumps(completed(params, None)))
+            returns.append(JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED))
+        return returns
+
+
+def test_launchers_without_a_queue_get_batches_of_n_jobs_trials(tmp_path):
+    sweeper, _ = searcher(tmp_path, "sweep", completed, n_trials=5, n_jobs=2)
+    sweeper.launcher = FunctionLauncher(tmp_path / "sweep")
+    sweeper.sweep([])
+    assert [len(batch) for batch in sweeper.launcher.batches] == [2, 2, 1]
+    assert [t.state for t in load(tmp_path).trials] == [TrialState.COMPLETE] * 5
+    # The trial reaches the job's process through Hydra's job.env_set (the launcher has no env).
+    first = sweeper.launcher.batches[0][0][-1]
+    assert first.startswith(f"++hydra.job.env_set.{TRIAL_ENV}=") and '"trial": 0' in first
