@@ -391,12 +391,6 @@ def make_pruner(spec: dict[str, Any]) -> Any:
 # --- the sweeper ---------------------------------------------------------------------------------
 
 
-@dataclass
-class RunningTrial:
-    trial: Any  # optuna.trial.Trial
-    overrides: list[str]
-
-
 class OptunaSearch(Sweeper):
     """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring)."""
 
@@ -465,13 +459,15 @@ class OptunaSearch(Sweeper):
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         url = storage_url(self.storage, str(cfg.storage.root), name)
         quiet_optuna()
-        storage = open_storage(url, self.heartbeat_interval, self.max_retry)
+        sampler = make_sampler(self.sampler_spec)
         pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": _max_epochs(cfg)}
+        pruner = make_pruner(pruner_spec)
+        storage = open_storage(url, self.heartbeat_interval, self.max_retry)
         study = optuna.create_study(
             study_name=name,
             storage=storage,
-            sampler=make_sampler(self.sampler_spec),
-            pruner=make_pruner(pruner_spec),
+            sampler=sampler,
+            pruner=pruner,
             direction=self.direction,
             load_if_exists=True,
         )
@@ -612,7 +608,7 @@ class _Trials:
         self.env = env
         self.sweep_dir = sweep_dir
         self.metric = metric
-        self.running: dict[int, RunningTrial] = {}  # job index -> trial
+        self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
         self.next_index = 0  # the sweep's next job number (job folders <sweep dir>/<job number>)
         self.returns: list[JobReturn] = []
         self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
@@ -645,7 +641,7 @@ class _Trials:
             except ConfigError:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
-            self.running[job_idx] = RunningTrial(trial, overrides)
+            self.running[job_idx] = trial
             log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
             env = {TRIAL_ENV: json.dumps({**self.env, "trial": trial.number})}
             self.next_index = max(self.next_index, job_idx + 1)
@@ -675,9 +671,8 @@ class _Trials:
         from optuna.trial import TrialState
 
         with self.lock:
-            running = self.running.pop(job_idx)
+            trial = self.running.pop(job_idx)
             self.returns.append(job_return)
-            trial = running.trial
             summary = _job_summary(job_return, self.sweep_dir / str(job_idx))
             status = summary.get("status")
             value = (summary.get("metrics") or {}).get(self.metric)
@@ -705,8 +700,8 @@ class _Trials:
 
     def beat(self) -> None:
         with self.lock:
-            for running in self.running.values():
-                self.record_heartbeat(running.trial)
+            for trial in self.running.values():
+                self.record_heartbeat(trial)
 
     def finished_waiting(self) -> bool:
         """After this worker's queue ran dry: True when the study is done; otherwise wait until a
