@@ -558,8 +558,7 @@ class OptunaSearch(Sweeper):
                 [*job.overrides, f"++hydra.job.env_set.{TRIAL_ENV}={_quoted(job.env[TRIAL_ENV])}"]
                 for job in batch
             ]
-            self.validate_batch_is_legal(overrides)
-            returns = self.launcher.launch(overrides, initial_job_idx=job_idx)
+            returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
             for offset, job_return in enumerate(returns):
                 trials.on_done(job_idx + offset, job_return)
             job_idx += len(batch)
