@@ -61,7 +61,9 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert pool["ideal_s"] == pytest.approx(max(max(lengths), sum(lengths) / 2))
     assert pool["makespan_s"] == pytest.approx(max(j["start_s"] + j["seconds"] for j in pool["jobs"]))
     assert pool["efficiency"] == pytest.approx(pool["makespan_s"] / pool["ideal_s"])
-    assert all(0 < job["first_step_s"] < job["seconds"] for job in pool["jobs"])
+    assert all(0 < job["import_lightning_s"] < job["first_step_s"] < job["seconds"] for job in pool["jobs"])
+    for job in pool["jobs"]:  # measured in each job's own process (benchmarks/import_probe)
+        assert job["own_process_cost_s"] == pytest.approx(job["first_step_s"] - job["import_lightning_s"])
     assert {tuple(job["devices"]) for job in pool["jobs"][:2]} == {("0",), ("1",)}  # both at once
     assert grid["runs"]["2"]["statuses"] == ["completed"] * 2
     assert "makespan / ideal" in table and "| 2 | 2 |" in table
