@@ -483,3 +483,35 @@ class PhaseSpy(Callback):
 
 
 PHASES_SEEN: list[tuple[str, str, bool]] = []
+
+
+HOLD_FILE_ENV = "LITLAB_TEST_HOLD_FILE"
+
+
+class HoldWhileFileExists(Callback):
+    """Holds training after its first optimizer step for as long as the file $LITLAB_TEST_HOLD_FILE
+    exists (at most ``HOLD_S``), after writing ``<file>.held``: a test creates the file for the one
+    run it wants to catch mid-training (runs that start without it go on), waits for ``.held``, then
+    kills what it kills. A SIGTERM ends the hold: the run then stops as Lightning and litlab stop it."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        path = os.environ.get(HOLD_FILE_ENV)
+        if not path or trainer.global_step != 1 or not os.path.exists(path):
+            return
+        received = []
+        handler = signal.getsignal(signal.SIGTERM)
+
+        def note(signum, frame) -> None:
+            received.append(signum)
+            if callable(handler):
+                handler(signum, frame)
+
+        signal.signal(signal.SIGTERM, note)
+        with open(f"{path}.held", "w") as file:
+            file.write(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        try:
+            while os.path.exists(path) and not received and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            signal.signal(signal.SIGTERM, handler)

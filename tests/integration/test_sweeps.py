@@ -205,16 +205,22 @@ def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tm
 
 
 @pytest.mark.slow
-def test_optuna_search_with_ddp_samples_once_per_trial(tmp_path):
+def test_optuna_search_with_ddp_samples_once_per_trial_and_prunes_on_every_rank(tmp_path):
+    # Trial 0 learns; trial 1 (lr 1e-7) is pruned after its first epoch: rank 0 asks the study, and
+    # both ranks stop there (the decision is broadcast), so the job ends cleanly.
     result, sweep_dir = sweep(
         tmp_path,
         "hparams_search=optuna",
         "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.pruning.startup_trials=1",
+        'hydra.sweeper.enqueue=["optimizer.lr=0.01","optimizer.lr=1e-7"]',
+        "optimizer.lr=tag(log, interval(1e-8, 1e-1))",
+        "hydra.launcher.devices=2",
         "trainer.devices=2",
         "strategy=ddp",
-        *TINY,
+        *[t for t in TINY if not t.startswith("trainer.max_epochs")],
+        "trainer.max_epochs=2",
     )
-    assert result.stdout.count("Launching 1 jobs") == 2
     jobs = job_dirs(sweep_dir)
     assert len(jobs) == 2
     identities, values = [], []
@@ -224,14 +230,17 @@ def test_optuna_search_with_ddp_samples_once_per_trial(tmp_path):
         (identity,) = {identity for _, identity in lines}  # the ranks agree on the sampled overrides
         identities.append(identity)
         run = json.loads((job / "summary.json").read_text())
-        assert run["status"] == "completed" and run["world_size"] == 2
+        assert run["world_size"] == 2
         sampled = dict(o.split("=", 1) for o in run["overrides"] if o.startswith(("optimizer.", "data.")))
-        assert 1e-4 <= float(sampled["optimizer.lr"]) <= 1e-1
         assert run["micro_batch_size"] == int(sampled["data.batch_size"]) in (16, 32, 64, 128)
-        values.append((run["metrics"]["val/acc"], sampled))
+        values.append((run, sampled))
+    (learned, first), (pruned, second) = values
+    assert learned["status"] == "completed" and float(first["optimizer.lr"]) == 0.01
+    assert (
+        pruned["status"] == "pruned" and pruned["pruned_epoch"] == 0 and float(second["optimizer.lr"]) == 1e-7
+    )
     assert len(set(identities)) == 2  # two different samples
-    best = OmegaConf.to_container(OmegaConf.load(sweep_dir / "optimization_results.yaml"))
-    best_value, best_sample = max(values, key=lambda v: v[0])
-    assert math.isclose(best["best_value"], best_value, rel_tol=1e-9)
-    assert {k: str(v) for k, v in best["best_params"].items()} == best_sample
+    best = OmegaConf.to_container(OmegaConf.load(sweep_dir / "best_trial.yaml"))
+    assert math.isclose(best["value"], learned["metrics"]["val/acc"], rel_tol=1e-9)
+    assert {k: str(v) for k, v in best["params"].items()} == first
     assert len(report_rows(sweep_dir)) == 2

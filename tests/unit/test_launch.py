@@ -19,8 +19,8 @@ def test_sweep_and_search_configs_compose_as_multiruns(tmp_path):
         "precision": "fp32,fp16,bf16",
         "trainer.accumulate_grad_batches": "1,2,4",
     }
-    assert search.hydra.sweeper._target_.endswith("OptunaSweeper")
-    assert search.hydra.sweeper.storage is None  # optuna 2.10's SQLite storage fails under SQLAlchemy 2
+    assert search.hydra.sweeper._target_ == "hydra_plugins.litlab_search.OptunaSearch"
+    assert search.hydra.sweeper.storage is None  # a SQLite file under storage.root (litlab.launch.search)
     assert set(search.hydra.sweeper.params) == {"optimizer.lr", "data.batch_size"}
     assert joblib.hydra.launcher._target_.endswith("JoblibLauncher")
     assert grid.hydra.callbacks.report._target_ == "litlab.report.callback.SweepReport"

@@ -34,6 +34,7 @@ from litlab.callbacks.loader_state import ResumableLoaderCheck
 from litlab.callbacks.logger_runs import LoggerRuns
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
+from litlab.callbacks.pruning import TrialPruning, trial_from_env
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
@@ -363,6 +364,9 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
     ]
     if cfg.trainer.enable_model_summary:  # Lightning's, without a FLOPs column of zeros
         callbacks.append(ModelSummaryWithMeasuredFlops())
+    trial = trial_from_env()
+    if trial is not None:  # an Optuna trial (hparams_search=optuna): reports, and stops when pruned
+        callbacks.append(TrialPruning(cfg.optimized_metric, trial, run))
     return callbacks
 
 

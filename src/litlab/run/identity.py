@@ -20,6 +20,7 @@ _NOT_IDENTITY = (
     "hydra/",
     "storage=",
 )
+NOT_IDENTITY = _NOT_IDENTITY  # also left out of an Optuna search's study name (litlab.launch.search)
 
 
 def run_identity(cfg: DictConfig) -> str:

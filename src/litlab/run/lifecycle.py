@@ -32,7 +32,7 @@ from litlab.logs import global_rank
 from litlab.run import doctor
 from litlab.run.identity import run_identity
 from litlab.run.loggers import log_final_metrics
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, Summary, now, run_groups
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups
 from litlab.storage import resume
 from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
 from litlab.storage.lock import RunLock
@@ -186,17 +186,23 @@ def finish(
 ) -> float | None:
     """Test the best checkpoint, write summary.json, and return the metric sweepers optimise."""
     tested = None
+    pruned = run.extra.get("pruned_epoch") is not None  # an Optuna trial its pruner stopped: no test
     fit_metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
     # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
     # when the best checkpoint was written, which forgets a last.ckpt written after it.
     checkpoints = _checkpoints(trainer, run)
-    if cfg.test_after_fit and not trainer.fast_dev_run and _has_test_step(module):
+    if cfg.test_after_fit and not trainer.fast_dev_run and not pruned and _has_test_step(module):
         tested = checkpoints["best"]
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
     metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
     run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
     summary = write_summary(
-        cfg, trainer, run, status=COMPLETED, metrics=metrics, checkpoints={**checkpoints, "tested": tested}
+        cfg,
+        trainer,
+        run,
+        status=PRUNED if pruned else COMPLETED,
+        metrics=metrics,
+        checkpoints={**checkpoints, "tested": tested},
     )
     log_final_metrics(trainer.loggers, summary, is_global_zero=trainer.is_global_zero)
     if trainer.is_global_zero:

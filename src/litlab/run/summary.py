@@ -25,7 +25,7 @@ _NOT_RUN_GROUPS = ("hydra", "schema")
 
 @dataclass
 class Summary:
-    status: str  # COMPLETED, FAILED or INTERRUPTED (SIGTERM)
+    status: str  # COMPLETED, FAILED, INTERRUPTED (SIGTERM) or PRUNED
     error: str | None = None
     pruned_epoch: int | None = None  # the epoch whose validation made the pruner stop the trial
     experiment_name: str | None = None
@@ -65,6 +65,7 @@ class Summary:
     nonfinite: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
+    pruned_epoch: int | None = None  # the epoch after which an Optuna pruner stopped the run
     # One entry per training epoch: epoch, step, wall_s, samples, train_loss, loss_spikes, metrics.
     history: list[dict[str, Any]] | None = None
     input_wait: dict[str, Any] | None = None  # time between training steps waiting for the next batch

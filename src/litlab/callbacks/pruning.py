@@ -1,0 +1,99 @@
+"""Pruning of Optuna trials: a trial that is going nowhere stops after the validation that shows it.
+
+The engine adds ``TrialPruning`` to a run whose process has ``LITLAB_OPTUNA_TRIAL`` (set by the search,
+``litlab.launch.search``, for each trial's job): JSON with the study's storage URL, its name, the
+trial's number and the pruner's settings. After every validation (not the sanity check), global rank 0
+reports ``optimized_metric`` to the trial at the epoch (``trial.report(value, epoch)``) and asks the
+pruner; the decision is broadcast, so that every DDP rank stops at the same point (only rank 0 talks
+to the database). A pruned run stops there: summary.json ``status: pruned`` with ``pruned_epoch``, no
+test, exit status 0; the search then tells Optuna the trial was pruned.
+
+A database that cannot be reached never fails the run: it trains on, unpruned, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from litlab.launch.search import TRIAL_ENV, make_pruner, quiet_optuna
+
+if TYPE_CHECKING:
+    from litlab.run.lifecycle import Run
+
+log = logging.getLogger("litlab")
+
+
+def trial_from_env() -> dict[str, Any] | None:
+    """The trial this process trains (``LITLAB_OPTUNA_TRIAL``), or None outside a search."""
+    text = os.environ.get(TRIAL_ENV)
+    return json.loads(text) if text else None
+
+
+class TrialPruning(Callback):
+    """Reports ``metric`` to an Optuna trial after every validation and stops the run when its pruner
+    says so (``run.extra["pruned_epoch"]`` then tells ``litlab.run.lifecycle`` the run was pruned)."""
+
+    def __init__(self, metric: str, spec: dict[str, Any], run: Run) -> None:
+        self.metric = metric
+        self.spec = spec
+        self.run = run
+        self.trial: Any = None  # optuna.trial.Trial, on global rank 0 once reachable
+        self.unreachable = False
+
+    def _connect(self) -> Any:
+        if self.trial is None and not self.unreachable:
+            try:
+                import optuna
+
+                quiet_optuna()
+                storage = optuna.storages.RDBStorage(self.spec["storage"])
+                study = optuna.load_study(
+                    study_name=self.spec["study"], storage=storage, pruner=make_pruner(self.spec["pruner"])
+                )
+                trial_id = storage.get_trial_id_from_study_id_trial_number(
+                    study._study_id, self.spec["trial"]
+                )
+                self.trial = optuna.trial.Trial(study, trial_id)
+            except Exception as error:  # the run matters more than its pruning
+                self.unreachable = True
+                log.warning(
+                    "Optuna trial %s not reachable, the run is not pruned: %s", self.spec.get("trial"), error
+                )
+        return self.trial
+
+    def _should_prune(self, trainer: L.Trainer) -> bool:
+        value = trainer.callback_metrics.get(self.metric)
+        trial = self._connect()
+        if value is None or trial is None:
+            return False
+        try:
+            trial.report(float(value), step=trainer.current_epoch)
+            return bool(trial.should_prune())
+        except Exception as error:
+            log.warning(
+                "Optuna trial %s: could not report %s: %s", self.spec.get("trial"), self.metric, error
+            )
+            return False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        prune = self._should_prune(trainer) if trainer.is_global_zero else False
+        prune = bool(trainer.strategy.broadcast(prune, src=0))  # every rank stops at the same point
+        if prune:
+            trainer.should_stop = True
+            self.run.extra["pruned_epoch"] = trainer.current_epoch
+            value = trainer.callback_metrics.get(self.metric)
+            log.info(
+                "Optuna trial %s pruned at epoch %d (%s = %s): the run stops here",
+                self.spec.get("trial"),
+                trainer.current_epoch,
+                self.metric,
+                f"{float(value):.4g}" if value is not None else "not logged",
+            )

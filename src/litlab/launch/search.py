@@ -1,0 +1,818 @@
+"""litlab's Optuna search: a Hydra sweeper on Optuna's ask-and-tell API (``hparams_search=optuna``).
+
+Registered as ``hydra/sweeper=optuna`` (configs/hydra/sweeper/optuna.yaml) through
+``hydra_plugins.litlab_search``: Hydra instantiates sweepers that live under ``hydra_plugins`` only.
+Optuna is imported when a search starts, never when Hydra scans its plugins (every litlab process).
+
+What it guarantees, and how:
+
+- **Asynchronous.** With a launcher that has ``run_queue`` (litlab's device pool), a trial is asked
+  for whenever the pool has a free slot and told as soon as its job ends; no batch barrier. Other
+  launchers get batches of ``n_jobs`` trials through Hydra's ``launch``.
+- **Stored and resumable.** The study lives in an Optuna RDB storage: ``storage`` (any Optuna URL), or
+  by default the SQLite file ``<storage.root>/optuna/<study>.db`` (SQLite, not Optuna's JournalStorage:
+  the journal has no heartbeats). The study's name comes from the command (``study_name_of``), so the
+  same command continues the study: finished trials are kept and count toward ``n_trials``.
+- **Dead sweeps.** The sweep records a heartbeat for each of its running trials every
+  ``heartbeat_interval`` seconds. A trial whose heartbeat stopped (its sweep was killed, its machine
+  died) is failed by the next worker that looks (``optuna.storages.fail_stale_trials``) and retried as a
+  new trial with the same parameters (``RetryHeartbeatStaleTrialCallback``): the same overrides are the
+  same run identity, so the retry resumes from the dead trial's checkpoints. A trial interrupted by
+  SIGTERM (summary.json ``status: interrupted``) is retried the same way.
+- **Budget.** ``n_trials`` counts the trials that are spent: completed, pruned, and failed ones that
+  are not retried (a bad sample, a NaN, an out-of-memory: Optuna's own ``optimize(n_trials=...)``
+  counts failures too, and retrying them would fail again). Failed trials that were retried are counted
+  through their retry. A worker asks for a trial only while spent + running < ``n_trials``; two workers
+  that ask at the same moment keep the lower trial number and the other gives its trial back
+  (``litlab_unused``), so the study never runs more than ``n_trials``.
+- **Many machines.** With ``storage=postgresql://...`` the same command on several machines is one
+  study: each asks and tells on its own and feeds its own pool. ``postgresql://`` means psycopg 3
+  (``postgresql+psycopg://``); a password belongs in ``PGPASSWORD`` or ``~/.pgpass``, not in the URL.
+- **Pruning.** Each trial's process gets ``LITLAB_OPTUNA_TRIAL`` (JSON: storage, study, trial number,
+  pruner); ``litlab.callbacks.pruning`` reports ``optimized_metric`` after every validation and stops a
+  trial its pruner prunes (summary.json ``status: pruned``); the sweep then tells it PRUNED.
+- **Secrets.** The study stores the sampled parameters and the trial's job folder, nothing else: no
+  overrides, no resolved config values.
+- **The best trial** is ``<sweep dir>/best_trial.yaml``: parameters, value, and the command that
+  trains it alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    IntervalSweep,
+    Override,
+    RangeSweep,
+    Transformer,
+)
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from litlab.config.rules import ConfigError
+from litlab.launch.pool import QueuedJob
+from litlab.run.identity import NOT_IDENTITY
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+# The environment variable that tells a trial's process its study and trial (JSON), for pruning.
+TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
+PRUNERS = ("median", "hyperband", "none")
+SAMPLERS = ("tpe", "random")
+BEST_TRIAL_FILE = "best_trial.yaml"
+# A trial this worker asked for over the budget (another worker asked at the same moment) and gave back.
+UNUSED_ATTR = "litlab_unused"
+# Overrides that pick the search itself: not part of a trial's own command.
+_SEARCH_ONLY = ("hparams_search=", "+hparams_search=")
+# How often a worker whose remaining budget is held by other workers' trials looks again (seconds).
+WAIT_FOR_OTHERS_S = 2.0
+
+
+# --- the search space ----------------------------------------------------------------------------
+
+
+def distribution_of(override: Override) -> Any:
+    """The Optuna distribution of one sweep override in Hydra's syntax:
+
+    - ``interval(a, b)``: a float in [a, b]; ``tag(log, interval(a, b))`` log-uniform;
+      ``tag(int, interval(a, b))`` (or ``tag(int, log, ...)``) an integer;
+    - ``range(start, stop[, step])``: the values ``range`` lists (stop excluded), as a stepped int or
+      float distribution; ``shuffle(range(...))`` a categorical;
+    - ``choice(a, b, ...)`` or ``a,b,...``: a categorical.
+    """
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    value = override.value()
+    key = override.get_key_element()
+    if isinstance(value, IntervalSweep):
+        tags = set(value.tags)
+        unknown = tags - {"log", "int"}
+        if unknown:
+            raise ConfigError(f"{key}: interval tags are log and int, not {', '.join(sorted(unknown))}")
+        if value.start >= value.end or ("log" in tags and value.start <= 0):
+            raise ConfigError(
+                f"{override.input_line}: an interval needs start < end"
+                + (" and start > 0 on a log scale" if "log" in tags else "")
+            )
+        if "int" in tags:
+            return IntDistribution(int(value.start), int(value.end), log="log" in tags)
+        return FloatDistribution(float(value.start), float(value.end), log="log" in tags)
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator(transformer=Transformer.identity))
+        if not values:
+            raise ConfigError(f"{override.input_line}: the range is empty")
+        if value.shuffle:
+            return CategoricalDistribution(values)
+        if all(isinstance(v, int) for v in values) and isinstance(value.step, int):
+            return IntDistribution(values[0], values[-1], step=value.step)
+        return FloatDistribution(float(values[0]), float(values[-1]), step=float(value.step))
+    if isinstance(value, ChoiceSweep):
+        # Encoded as an override's value (strings quoted where Hydra needs it), so that the value
+        # Optuna hands back is written into the trial's command as it is.
+        return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
+    raise ConfigError(f"{override.input_line}: a search parameter is interval, range or choice")
+
+
+@dataclass
+class SearchSpace:
+    """The search's parameters (name -> Optuna distribution) and its fixed overrides, as typed."""
+
+    distributions: dict[str, Any] = field(default_factory=dict)
+    fixed: list[str] = field(default_factory=list)
+
+
+def search_space(params: dict[str, str], arguments: Sequence[str]) -> SearchSpace:
+    """``hydra.sweeper.params`` and the command line's overrides, parsed with Hydra's parser: sweep
+    overrides become distributions, the others stay fixed overrides (exactly as typed). A parameter
+    given on the command line replaces the one of the params."""
+    parser = OverridesParser.create()
+    lines = [f"{key}={value}" for key, value in params.items()] + list(arguments)
+    space = SearchSpace()
+    fixed: dict[str, str] = {}
+    for override in parser.parse_overrides(lines):
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            fixed.pop(key, None)
+            space.distributions[key] = distribution_of(override)
+        else:
+            space.distributions.pop(key, None)
+            fixed[key] = override.input_line
+    space.fixed = list(fixed.values())
+    return space
+
+
+def trial_overrides(params: dict[str, Any]) -> list[str]:
+    """A trial's sampled parameters as overrides (choices are already encoded as Hydra values)."""
+    return [f"{name}={_override_value(value)}" for name, value in params.items()]
+
+
+def _override_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return repr(value)  # every digit: the command reproduces the trial exactly
+    return str(value)
+
+
+def parse_enqueued(lines: Sequence[str]) -> list[dict[str, Any]]:
+    """``hydra.sweeper.enqueue``: trials to try first, each a string of space-separated overrides
+    (``"optimizer.lr=0.01 data.batch_size=32"``); parameters a line leaves out are sampled."""
+    parser = OverridesParser.create()
+    trials = []
+    for line in lines:
+        trial = {}
+        for override in parser.parse_overrides(shlex.split(line)):
+            if override.is_sweep_override():
+                raise ConfigError(
+                    f"hydra.sweeper.enqueue: '{line}' gives one value per parameter, not a sweep"
+                )
+            trial[override.get_key_element()] = override.value()
+        trials.append(trial)
+    return trials
+
+
+# --- the study's name and storage ----------------------------------------------------------------
+
+
+def study_name_of(experiment_name: str, arguments: Sequence[str], space: SearchSpace, direction: str) -> str:
+    """The study of a command: the experiment name plus a hash of what defines the search, so the
+    same command continues the same study. In it: the command line's overrides that define the runs
+    (as the run identity takes them: not where or how they are launched), the search space and the
+    direction. Not in it: n_trials (raise it to extend a search), the storage, the sampler, the pruner,
+    the launcher."""
+    overrides = sorted(a for a in arguments if not a.lstrip("+~").startswith(NOT_IDENTITY))
+    space_text = [f"{name}: {dist!r}" for name, dist in sorted(space.distributions.items())]
+    text = "\n".join([*overrides, "--", *space_text, "--", direction])
+    return f"{experiment_name}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
+    """The SQLAlchemy URL of the study's storage. ``None``: ``<storage.root>/optuna/<study>.db`` in
+    SQLite, which needs a local storage root. ``postgresql://`` and ``postgres://`` use psycopg 3."""
+    if storage is None:
+        scheme = urlsplit(storage_root).scheme
+        if scheme not in ("", "file"):
+            raise ConfigError(
+                f"hydra.sweeper.storage=null keeps the study in a SQLite file under storage.root, but "
+                f"storage.root={storage_root} is not on this machine's disk: set hydra.sweeper.storage "
+                "to a database URL (postgresql://user@host/db) or a sqlite:////path/study.db"
+            )
+        root = Path(storage_root.removeprefix("file://")).expanduser().resolve()
+        folder = root / "optuna"
+        folder.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{folder / study_name}.db"
+    for plain in ("postgresql://", "postgres://"):
+        if storage.startswith(plain):
+            return "postgresql+psycopg://" + storage[len(plain) :]
+    if "://" not in storage:
+        raise ConfigError(
+            f"hydra.sweeper.storage={storage}: not a database URL; use postgresql://user@host/db, "
+            "sqlite:////path/study.db, or null (a SQLite file under storage.root)"
+        )
+    return storage
+
+
+def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
+    """The study's RDB storage, with heartbeats and retries of stale trials. Workers of one search
+    started at the same moment (a job array) race to create Optuna's tables in a new database; the
+    losers' CREATE fails on what the winner made, and their next try finds the tables there. A
+    database that cannot be reached is one line naming the URL (without its password)."""
+    import random
+
+    import optuna
+    import sqlalchemy.exc
+
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs={"pool_pre_ping": True},
+                heartbeat_interval=heartbeat_interval,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=max_retry
+                ),
+            )
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == 5:
+                raise
+            time.sleep(random.uniform(0.2, 1.0))  # another worker is creating the tables
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as error:
+            reason = " ".join(str(error).split("\n")[0].split())
+            raise ConfigError(
+                f"hydra.sweeper.storage: cannot open the study's database {without_password(url)}: {reason}"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def without_password(url: str) -> str:
+    """A storage URL as it may be shown and written: any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- the budget ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    spent: int  # completed, pruned, failed and not retried
+    running: int  # running now (in any worker)
+    waiting: int  # enqueued or retries, not asked for yet
+
+    def can_ask(self, n_trials: int) -> bool:
+        return self.spent + self.running < n_trials
+
+    def done(self, n_trials: int) -> bool:
+        return self.spent >= n_trials
+
+
+def retried_numbers(trials: Sequence[optuna.trial.FrozenTrial]) -> set[int]:
+    """Numbers of failed trials that a later trial retries (heartbeat-stale, or interrupted)."""
+    numbers: set[int] = set()
+    for trial in trials:  # RetryHeartbeatStaleTrialCallback.retry_history, without its warning
+        numbers.update(trial.system_attrs.get("retry_history", []))
+    return numbers
+
+
+def budget_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Budget:
+    from optuna.trial import TrialState
+
+    retried = retried_numbers(trials)
+    spent = running = waiting = 0
+    for trial in trials:
+        if trial.user_attrs.get(UNUSED_ATTR):
+            continue
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            spent += 1
+        elif trial.state == TrialState.FAIL:
+            spent += trial.number not in retried
+        elif trial.state == TrialState.RUNNING:
+            running += 1
+        elif trial.state == TrialState.WAITING:
+            waiting += 1
+    return Budget(spent, running, waiting)
+
+
+def within_budget(trials: Sequence[optuna.trial.FrozenTrial], number: int, n_trials: int) -> bool:
+    """Whether trial ``number`` (just asked for) fits in ``n_trials``: the spent and running trials
+    with lower numbers come first. Two workers that asked at once agree on which one is over."""
+    from optuna.trial import TrialState
+
+    retried = retried_numbers(trials)
+    ahead = 0
+    for trial in trials:
+        if trial.number >= number or trial.user_attrs.get(UNUSED_ATTR):
+            continue
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) or (
+            trial.state == TrialState.FAIL and trial.number not in retried
+        ):
+            ahead += 1
+    return ahead < n_trials
+
+
+# --- samplers and pruners ------------------------------------------------------------------------
+
+
+def worker_seed(seed: int | None) -> int | None:
+    """The seed of this worker's sampler: ``sampler.seed`` with the host and process id. Workers of
+    one study (machines, or reruns of the command) given the same seed would otherwise draw the same
+    parameters, trial for trial. A search with free slots is not repeatable draw for draw anyway:
+    trials end, and are told, in the order the machine's timing gives."""
+    if seed is None:
+        return None
+    text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
+
+
+def make_sampler(sampler: dict[str, Any]) -> Any:
+    import optuna
+
+    name = sampler.get("name", "tpe")
+    seed = worker_seed(sampler.get("seed"))
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=int(sampler.get("n_startup_trials", 10))
+        )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"hydra.sweeper.sampler.name={name}: choose one of {', '.join(SAMPLERS)}")
+
+
+def check_pruner(pruner: str) -> None:
+    if pruner not in PRUNERS:
+        raise ConfigError(f"hydra.sweeper.pruner={pruner}: choose one of {', '.join(PRUNERS)}")
+
+
+def make_pruner(spec: dict[str, Any]) -> Any:
+    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process."""
+    import optuna
+
+    name = spec["name"]
+    check_pruner(name)
+    if name == "median":
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=int(spec.get("startup_trials", 5)),
+            n_warmup_steps=int(spec.get("warmup_epochs", 0)),
+        )
+    if name == "hyperband":
+        max_epochs = spec.get("max_epochs")
+        return optuna.pruners.HyperbandPruner(
+            min_resource=max(1, int(spec.get("warmup_epochs", 0)) + 1),
+            max_resource=max_epochs if isinstance(max_epochs, int) and max_epochs > 0 else "auto",
+        )
+    return optuna.pruners.NopPruner()
+
+
+# --- the sweeper ---------------------------------------------------------------------------------
+
+
+class OptunaSearch(Sweeper):
+    """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring)."""
+
+    def __init__(
+        self,
+        params: dict[str, str] | None = None,
+        n_trials: int = 20,
+        direction: str = "maximize",
+        sampler: dict[str, Any] | None = None,
+        pruner: str = "median",
+        pruning: dict[str, Any] | None = None,
+        storage: str | None = None,
+        study_name: str | None = None,
+        enqueue: Sequence[str] | None = None,
+        heartbeat_interval: int = 60,
+        max_retry: int = 3,
+        n_jobs: int = 1,
+    ) -> None:
+        self.params = dict(params or {})
+        self.n_trials = int(n_trials)
+        self.direction = str(direction)
+        self.sampler_spec = dict(sampler or {})
+        self.pruner_name = str(pruner)
+        self.pruning = dict(pruning or {})
+        self.storage = storage
+        self.study_name = study_name
+        self.enqueue = list(enqueue or [])
+        self.heartbeat_interval = int(heartbeat_interval)
+        self.max_retry = int(max_retry)
+        self.n_jobs = int(n_jobs)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> list[JobReturn]:
+        assert self.config is not None and self.launcher is not None
+        try:
+            return self._sweep(arguments)
+        except ConfigError as error:  # bad search settings, a database out of reach: one line, exit 2
+            sys.stderr.write(f"litlab: error: {' '.join(str(error).split())}\n")
+            raise SystemExit(2) from None
+
+    def _sweep(self, arguments: list[str]) -> list[JobReturn]:
+        import optuna
+
+        cfg = self.config
+        if self.direction not in ("maximize", "minimize"):
+            raise ConfigError(f"hydra.sweeper.direction={self.direction}: choose maximize or minimize")
+        if self.n_trials < 1:
+            raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
+        check_pruner(self.pruner_name)
+        space = search_space(self.params, arguments)
+        if not space.distributions:
+            raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
+        enqueued = parse_enqueued(self.enqueue)
+        self._check_choices(space)
+        name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
+        url = storage_url(self.storage, str(cfg.storage.root), name)
+        quiet_optuna()
+        sampler = make_sampler(self.sampler_spec)
+        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": _max_epochs(cfg)}
+        pruner = make_pruner(pruner_spec)
+        storage = open_storage(url, self.heartbeat_interval, self.max_retry)
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            direction=self.direction,
+            load_if_exists=True,
+        )
+        if enqueued and not study.get_trials(deepcopy=False):  # the worker that found the study empty
+            for params in enqueued:
+                study.enqueue_trial(params)
+        sweep_dir = Path(cfg.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
+        trials = _Trials(
+            study,
+            space,
+            self.check_composes,
+            self.n_trials,
+            env={"storage": url, "study": name, "pruner": pruner_spec},
+            sweep_dir=sweep_dir,
+            metric=str(cfg.optimized_metric),
+        )
+        budget = trials.budget()  # a dead sweep's trials are failed (and retried) first
+        log.info(
+            "Optuna study %s in %s: %d of %d trials spent, %d running in other sweeps; sampler %s, pruner %s",
+            name,
+            without_password(url),
+            budget.spent,
+            self.n_trials,
+            budget.running,
+            self.sampler_spec.get("name", "tpe"),
+            self.pruner_name,
+        )
+        heartbeat = _Heartbeat(trials, self.heartbeat_interval)
+        heartbeat.start()
+        try:
+            if hasattr(self.launcher, "run_queue"):
+                self._run_async(trials)
+            else:
+                self._run_batches(trials)
+        finally:
+            heartbeat.stop()
+        write_best_trial(study, sweep_dir / BEST_TRIAL_FILE, space, url, self.n_trials)
+        return trials.returns
+
+    def check_composes(self, overrides: list[str]) -> None:
+        """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
+        nosuch)``): said before a job starts, as Hydra's basic sweeper does for a grid."""
+        try:
+            self.validate_batch_is_legal([overrides])
+        except Exception as error:
+            first_line = next(
+                (line for line in str(error).splitlines() if line.strip()), type(error).__name__
+            )
+            raise ConfigError(
+                f"the search's overrides {' '.join(overrides)} do not compose: {first_line}"
+            ) from None
+
+    def _check_choices(self, space: SearchSpace) -> None:
+        """Every choice of every categorical parameter composes, before any trial is asked for."""
+        from optuna.distributions import CategoricalDistribution
+
+        for name, distribution in space.distributions.items():
+            if isinstance(distribution, CategoricalDistribution):
+                for choice in distribution.choices:
+                    self.check_composes([*space.fixed, f"{name}={_override_value(choice)}"])
+
+    def _run_async(self, trials: _Trials) -> None:
+        """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
+        by other workers' trials, wait for them (a dead worker's trials turn stale and come back as
+        retries) until the study has n_trials spent."""
+        while True:
+            self.launcher.run_queue(trials.next_job, trials.on_done, first_index=trials.next_index)
+            if trials.finished_waiting():
+                return
+
+    def _run_batches(self, trials: _Trials) -> None:
+        """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials."""
+        job_idx = 0
+        while True:
+            batch = []
+            for _ in range(max(1, self.n_jobs)):
+                job = trials.next_job(job_idx + len(batch))
+                if job is None:
+                    break
+                batch.append(job)
+            if not batch:
+                if trials.finished_waiting():
+                    return
+                continue
+            overrides = [
+                [*job.overrides, f"++hydra.job.env_set.{TRIAL_ENV}={_quoted(job.env[TRIAL_ENV])}"]
+                for job in batch
+            ]
+            returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
+            for offset, job_return in enumerate(returns):
+                trials.on_done(job_idx + offset, job_return)
+            job_idx += len(batch)
+
+
+def quiet_optuna() -> None:
+    """litlab says what happens, once: Optuna's INFO lines and its warnings that heartbeats, retries
+    and stale-trial checks are experimental (they have been since Optuna 2.8) are left out."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings(
+        "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
+    )
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _max_epochs(cfg: DictConfig) -> int | None:
+    value = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+class _Trials:
+    """The trials of one worker: asks (``next_job``), tells (``on_done``), keeps the budget."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        check_composes: Callable[[list[str]], None],
+        n_trials: int,
+        env: dict[str, Any],
+        sweep_dir: Path,
+        metric: str,
+    ) -> None:
+        self.study = study
+        self.space = space
+        self.check_composes = check_composes
+        self.n_trials = n_trials
+        self.env = env
+        self.sweep_dir = sweep_dir
+        self.metric = metric
+        self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
+        self.next_index = 0  # the sweep's next job number (job folders <sweep dir>/<job number>)
+        self.returns: list[JobReturn] = []
+        self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
+
+    def budget(self) -> Budget:
+        import optuna
+
+        optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials, failed and retried
+        return budget_of(self.study.get_trials(deepcopy=False))
+
+    def next_job(self, job_idx: int) -> Any:
+        """The next trial as a job, or None while the budget is spent or held by running trials."""
+        import optuna
+
+        with self.lock:
+            if not self.budget().can_ask(self.n_trials):
+                return None
+            trial = self.study.ask(self.space.distributions)
+            self.record_heartbeat(trial)
+            trials = self.study.get_trials(deepcopy=False)
+            if not within_budget(trials, trial.number, self.n_trials):
+                self._give_back(trial, trials)
+                return None
+            job_dir = self.sweep_dir / str(job_idx)
+            trial.set_user_attr("job_dir", str(job_dir))
+            trial.set_user_attr("host", socket.gethostname())
+            overrides = [*self.space.fixed, *trial_overrides(trial.params)]
+            try:
+                self.check_composes(overrides)
+            except ConfigError:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            self.running[job_idx] = trial
+            log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
+            env = {TRIAL_ENV: json.dumps({**self.env, "trial": trial.number})}
+            self.next_index = max(self.next_index, job_idx + 1)
+            return QueuedJob(overrides=overrides, env=env)
+
+    def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
+        """Another worker asked at the same moment and this trial is over the budget: mark it unused;
+        an enqueued or retried trial goes back to the queue."""
+        import optuna
+
+        frozen = next(t for t in trials if t.number == trial.number)
+        trial.set_user_attr(UNUSED_ATTR, True)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if "fixed_params" in frozen.system_attrs or "failed_trial" in frozen.system_attrs:
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.WAITING,
+                    params=frozen.params,
+                    distributions=frozen.distributions,
+                    system_attrs=frozen.system_attrs,
+                )
+            )
+
+    def on_done(self, job_idx: int, job_return: JobReturn) -> None:
+        """Tell the study how the trial of ``job_idx`` ended (summary.json's status)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        with self.lock:
+            trial = self.running.pop(job_idx)
+            self.returns.append(job_return)
+            summary = _job_summary(job_return, self.sweep_dir / str(job_idx))
+            status = summary.get("status")
+            value = (summary.get("metrics") or {}).get(self.metric)
+            if status == "completed" and _finite(value):
+                self.study.tell(trial, float(value))
+                log.info("trial %d: %s = %.4g", trial.number, self.metric, value)
+                write_best_trial_quietly(self)
+            elif status == "pruned":
+                self.study.tell(trial, state=TrialState.PRUNED)
+                log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
+            elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
+                self.study.tell(trial, state=TrialState.FAIL)
+                frozen = self.study._storage.get_trial(trial._trial_id)
+                optuna.storages.RetryHeartbeatStaleTrialCallback()(self.study, frozen)
+                log.warning("trial %d interrupted: the same command retries it", trial.number)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
+                why = summary.get("error") or (
+                    f"{self.metric} was not logged" if status == "completed" else "no summary.json"
+                )
+                log.warning("trial %d failed: %s", trial.number, why)
+
+    def record_heartbeat(self, trial: Any) -> None:
+        self.study._storage.record_heartbeat(trial._trial_id)
+
+    def beat(self) -> None:
+        with self.lock:
+            for trial in self.running.values():
+                self.record_heartbeat(trial)
+
+    def finished_waiting(self) -> bool:
+        """After this worker's queue ran dry: True when the study is done; otherwise wait until a
+        trial can be asked again (a running trial elsewhere failed or went stale) and return False."""
+        while True:
+            with self.lock:
+                budget = self.budget()
+            if budget.done(self.n_trials):
+                return True
+            if budget.can_ask(self.n_trials):
+                return False
+            time.sleep(WAIT_FOR_OTHERS_S)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _job_summary(job_return: JobReturn, default_dir: Path) -> dict[str, Any]:
+    """The job's summary.json ({} when it has none: it died before writing one)."""
+    candidates = [default_dir]
+    if job_return.working_dir:
+        candidates.insert(0, Path(job_return.working_dir))
+    for folder in candidates:
+        path = folder / "summary.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError):
+                return {}
+    if job_return.status == JobStatus.COMPLETED and _finite(job_return.return_value):
+        return {"status": "completed", "metrics": {}}
+    return {}
+
+
+class _Heartbeat:
+    """Records a heartbeat for this worker's running trials every ``interval`` seconds."""
+
+    def __init__(self, trials: _Trials, interval: int) -> None:
+        self.trials = trials
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="optuna-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.trials.beat()
+            except Exception as error:  # a database hiccup: the next beat tries again
+                log.warning("Optuna heartbeat not recorded: %s", error)
+
+
+# --- the best trial ------------------------------------------------------------------------------
+
+
+def best_trial_record(
+    study: optuna.Study, space: SearchSpace, url: str, n_trials: int
+) -> dict[str, Any] | None:
+    """What best_trial.yaml says: the best completed trial, its parameters and value, the command
+    that trains it alone, and the study's counts."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not completed:
+        return None
+    best = study.best_trial
+    fixed = [a for a in space.fixed if not a.startswith(_SEARCH_ONLY) and not a.startswith("hydra.")]
+    command = ["litlab-train", *fixed, *trial_overrides(best.params)]
+    counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
+    return {
+        "study": study.study_name,
+        "storage": without_password(url),
+        "direction": study.direction.name.lower(),
+        "trial": best.number,
+        "value": best.value,
+        "params": {name: _plain(value) for name, value in best.params.items()},
+        "command": " ".join(shlex.quote(part) for part in command),
+        "job_dir": best.user_attrs.get("job_dir"),
+        "host": best.user_attrs.get("host"),
+        "n_trials": n_trials,
+        "trials": {state: count for state, count in counts.items() if count},
+    }
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (int, float, bool, type(None))) else str(value)
+
+
+def write_best_trial(study: optuna.Study, path: Path, space: SearchSpace, url: str, n_trials: int) -> None:
+    record = best_trial_record(study, space, url, n_trials)
+    if record is None:
+        log.warning("no trial of study %s completed: no %s", study.study_name, path.name)
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(record)))
+    os.replace(tmp, path)
+    log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
+
+
+def write_best_trial_quietly(trials: _Trials) -> None:
+    """best_trial.yaml after every completed trial, so a long search shows its best so far."""
+    record = best_trial_record(trials.study, trials.space, trials.env["storage"], trials.n_trials)
+    if record is not None:
+        path = trials.sweep_dir / BEST_TRIAL_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(record)))
+        os.replace(tmp, path)

@@ -1,0 +1,88 @@
+"""A real PostgreSQL 15 server on 127.0.0.1 for the tests, in a temporary folder (the ``postgres_server``
+fixture).
+
+PostgreSQL refuses to run as root, so ``initdb`` and ``pg_ctl`` run as the ``postgres`` user
+(``runuser``) on a folder that user owns; the server listens on a free port of 127.0.0.1 only, trusts
+local connections (no password: nothing secret in the URLs tests print), and is stopped with
+``pg_ctl -m fast stop`` when the test ends. Starting it takes about a second. Where the binaries are
+missing they are installed with apt-get (root machines: a developer's, CI's); the test is skipped only
+on a machine that can do neither.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import free_port
+
+BIN = Path("/usr/lib/postgresql/15/bin")
+USER = "postgres"  # the operating-system user that runs the server
+ROLE = "litlab"  # the database role the tests connect as
+
+
+@dataclass
+class PostgresServer:
+    port: int
+    database: str
+
+    @property
+    def url(self) -> str:
+        """The URL a user would type (litlab maps postgresql:// to psycopg 3)."""
+        return f"postgresql://{ROLE}@127.0.0.1:{self.port}/{self.database}"
+
+
+def _as_postgres(*command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    prefix = ["runuser", "-u", USER, "--"] if os.geteuid() == 0 else []
+    result = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({result.returncode}): {result.stderr or result.stdout}"
+        )
+    return result
+
+
+def _ensure_binaries() -> None:
+    if (BIN / "initdb").exists():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip(f"PostgreSQL 15 is not in {BIN} and cannot be installed here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update"], check=True, capture_output=True, env=env, timeout=300)
+    subprocess.run(
+        ["apt-get", "install", "-y", "--no-install-recommends", "postgresql-15"],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    _ensure_binaries()
+    folder = Path(tempfile.mkdtemp(prefix="litlab-pg-"))
+    data = folder / "data"
+    if os.geteuid() == 0:
+        shutil.chown(folder, USER, USER)
+    port = free_port()
+    _as_postgres(str(BIN / "initdb"), "-A", "trust", "-U", ROLE, "-D", str(data))
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    _as_postgres(
+        str(BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "server.log"), "-w", "start"
+    )
+    try:
+        _as_postgres(str(BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", ROLE, "litlab")
+        yield PostgresServer(port=port, database="litlab")
+    finally:
+        try:
+            _as_postgres(str(BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,349 @@
+"""litlab's Optuna search (``litlab.launch.search``), in-process: the search space in Hydra's syntax, the
+study's name and storage, the n_trials budget, and whole searches on a real SQLite study driven through
+a launcher with ``run_queue`` whose jobs are plain functions (the real pool and real trials are in
+tests/integration/test_search.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from litlab.config.rules import ConfigError
+from litlab.launch import search
+from litlab.launch.search import (
+    TRIAL_ENV,
+    UNUSED_ATTR,
+    OptunaSearch,
+    budget_of,
+    search_space,
+    storage_url,
+    study_name_of,
+    within_budget,
+    without_password,
+)
+from tests.conftest import compose_train
+
+SPACE = {"optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "data.batch_size": "choice(16, 32, 64)"}
+
+
+def distribution(line: str):
+    (override,) = OverridesParser.create().parse_overrides([line])
+    return search.distribution_of(override)
+
+
+def test_sweep_syntax_becomes_optuna_distributions():
+    assert distribution("a=interval(0.1, 0.5)") == FloatDistribution(0.1, 0.5)
+    assert distribution("a=tag(log, interval(1e-4, 1e-1))") == FloatDistribution(1e-4, 1e-1, log=True)
+    assert distribution("a=tag(int, interval(1, 8))") == IntDistribution(1, 8)
+    assert distribution("a=tag(int, log, interval(1, 64))") == IntDistribution(1, 64, log=True)
+    # range() excludes its stop, as Hydra's basic sweeper does: 1, 3, 5, 7, 9.
+    assert distribution("a=range(1, 10, 2)") == IntDistribution(1, 9, step=2)
+    assert distribution("a=choice(16, 32, mlp)") == CategoricalDistribution([16, 32, "mlp"])
+    assert distribution("a=1,2") == CategoricalDistribution([1, 2])
+    for bad in ("a=interval(2, 1)", "a=tag(log, interval(0, 1))", "a=tag(cube, interval(1, 2))"):
+        with pytest.raises(ConfigError, match="a"):
+            distribution(bad)
+
+
+def test_the_command_line_adds_to_and_replaces_the_search_params():
+    space = search_space(SPACE, ["model=mlp", "optimizer.lr=interval(0.01, 0.02)", "data.batch_size=8"])
+    assert space.distributions == {"optimizer.lr": FloatDistribution(0.01, 0.02)}
+    # Fixed overrides stay exactly as typed (never resolved values: issue 23's secrets).
+    assert sorted(space.fixed) == ["data.batch_size=8", "model=mlp"]
+    assert search.trial_overrides({"optimizer.lr": 0.012345678901234, "model": "mlp", "f": True}) == [
+        "optimizer.lr=0.012345678901234",
+        "model=mlp",
+        "f=true",
+    ]
+
+
+def test_enqueued_trials_are_lines_of_overrides():
+    assert search.parse_enqueued(["optimizer.lr=0.01 data.batch_size=32", "optimizer.lr=1e-7"]) == [
+        {"optimizer.lr": 0.01, "data.batch_size": 32},
+        {"optimizer.lr": 1e-7},
+    ]
+    with pytest.raises(ConfigError, match="enqueue"):
+        search.parse_enqueued(["optimizer.lr=1,2"])
+
+
+def test_the_study_is_named_after_the_command():
+    space = search_space(SPACE, [])
+    name = study_name_of("default", ["hparams_search=optuna", "model=mlp", "seed=1"], space, "maximize")
+    assert name.startswith("default-")
+    # Order, and where runs go (storage, paths, resume), do not make another study.
+    assert name == study_name_of(
+        "default",
+        ["seed=1", "model=mlp", "hparams_search=optuna", "storage.root=/x", "resume=never"],
+        space,
+        "maximize",
+    )
+    # What the runs are, the space and the direction do.
+    others = {
+        study_name_of("default", ["hparams_search=optuna", "model=cnn", "seed=1"], space, "maximize"),
+        study_name_of("default", ["hparams_search=optuna", "model=mlp", "seed=1"], space, "minimize"),
+        study_name_of(
+            "default",
+            ["hparams_search=optuna", "model=mlp", "seed=1"],
+            search_space({**SPACE, "x": "1,2"}, []),
+            "maximize",
+        ),
+        study_name_of("other", ["hparams_search=optuna", "model=mlp", "seed=1"], space, "maximize"),
+    }
+    assert name not in others and len(others) == 4
+
+
+def test_storage_urls(tmp_path):
+    url = storage_url(None, str(tmp_path / "storage"), "default-abc")
+    assert url == f"sqlite:///{tmp_path}/storage/optuna/default-abc.db"
+    assert (tmp_path / "storage" / "optuna").is_dir()
+    assert storage_url("postgresql://u@h:5432/db", "", "s") == "postgresql+psycopg://u@h:5432/db"
+    assert storage_url("postgres://u@h/db", "", "s") == "postgresql+psycopg://u@h/db"
+    assert storage_url("postgresql+psycopg2://u@h/db", "", "s") == "postgresql+psycopg2://u@h/db"
+    with pytest.raises(ConfigError, match="storage.root=s3://bucket/runs is not on this machine"):
+        storage_url(None, "s3://bucket/runs", "s")
+    with pytest.raises(ConfigError, match="hydra.sweeper.storage=mydb: not a database URL"):
+        storage_url("mydb", "", "s")
+    assert (
+        without_password("postgresql+psycopg://me:s3cret@db:5432/x")
+        == "postgresql+psycopg://me:***@db:5432/x"
+    )
+    assert without_password("sqlite:////a/b.db") == "sqlite:////a/b.db"
+
+
+def frozen(number: int, state: TrialState, **system_attrs):
+    trial = create_trial(
+        state=state,
+        value=1.0 if state == TrialState.COMPLETE else None,
+        intermediate_values={0: 0.1} if state == TrialState.PRUNED else None,
+        system_attrs=system_attrs,
+    )
+    trial.number = number
+    return trial
+
+
+def test_n_trials_counts_completed_pruned_and_failed_trials_that_are_not_retried():
+    trials = [
+        frozen(0, TrialState.COMPLETE),
+        frozen(1, TrialState.PRUNED),
+        frozen(2, TrialState.FAIL),  # a stale trial: retried by 5
+        frozen(3, TrialState.FAIL),  # a bad sample: spent
+        frozen(4, TrialState.RUNNING),
+        frozen(5, TrialState.WAITING, failed_trial=2, retry_history=[2]),
+    ]
+    unused = frozen(6, TrialState.FAIL)
+    unused.user_attrs[UNUSED_ATTR] = True
+    budget = budget_of([*trials, unused])
+    assert (budget.spent, budget.running, budget.waiting) == (3, 1, 1)
+    assert budget.can_ask(5) and not budget.can_ask(4) and not budget.done(4) and budget.done(3)
+    # Two workers asked at once (7 and 8) for the last place of n_trials=5: the lower number keeps it.
+    both = [*trials, frozen(7, TrialState.RUNNING), frozen(8, TrialState.RUNNING)]
+    assert within_budget(both, 7, 5) and not within_budget(both, 8, 5)
+
+
+# --- whole searches, in-process ------------------------------------------------------------------
+
+
+class FunctionPool:
+    """A launcher with ``run_queue`` whose jobs are a function of their overrides: it asks for up to
+    ``slots`` jobs, then ends them one at a time (oldest first), writing each job's summary.json."""
+
+    def __init__(self, sweep_dir: Path, job, slots: int = 2) -> None:
+        self.sweep_dir, self.job, self.slots = sweep_dir, job, slots
+        self.started: list[tuple[int, list[str], dict]] = []
+        self.next_idx = 0
+
+    def run_queue(self, next_job, on_done, first_index: int = 0) -> None:
+        assert first_index == self.next_idx  # job folders never repeat within a sweep
+        running: list[tuple[int, object]] = []
+        exhausted = False
+        while True:
+            while not exhausted and len(running) < self.slots:
+                queued = next_job(self.next_idx)
+                if queued is None:
+                    exhausted = True
+                    break
+                running.append((self.next_idx, queued))
+                self.started.append((self.next_idx, list(queued.overrides), dict(queued.env)))
+                self.next_idx += 1
+            if not running:
+                return
+            idx, queued = running.pop(0)
+            job_dir = self.sweep_dir / str(idx)
+            job_dir.mkdir(parents=True, exist_ok=True)
+            summary = self.job(
+                dict(o.split("=", 1) for o in queued.overrides), json.loads(queued.env[TRIAL_ENV])
+            )
+            (job_dir / "summary.json").write_text(json.dumps(summary))
+            result = JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED)
+            result.return_value = (summary.get("metrics") or {}).get("val/acc")
+            on_done(idx, result)
+
+
+def searcher(
+    tmp_path: Path, sweep: str, job, slots: int = 2, **settings
+) -> tuple[OptunaSearch, FunctionPool]:
+    cfg = OmegaConf.create(
+        {
+            "experiment_name": "default",
+            "optimized_metric": "val/acc",
+            "storage": {"root": str(tmp_path / "storage")},
+            "trainer": {"max_epochs": 3},
+            "hydra": {"sweep": {"dir": str(tmp_path / sweep)}},
+        }
+    )
+    settings = {"params": SPACE, "n_trials": 4, "sampler": {"name": "random", "seed": 0}, **settings}
+    sweeper = OptunaSearch(**settings)
+    sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra config loader here
+    sweeper.config = cfg
+    sweeper.launcher = FunctionPool(tmp_path / sweep, job, slots)
+    return sweeper, sweeper.launcher
+
+
+def completed(params, trial):
+    return {"status": "completed", "metrics": {"val/acc": float(params["optimizer.lr"])}}
+
+
+def load(tmp_path: Path) -> optuna.Study:
+    (db,) = (tmp_path / "storage" / "optuna").glob("*.db")
+    return optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
+
+
+def test_a_search_runs_n_trials_and_the_same_command_continues_it(tmp_path):
+    sweeper, pool = searcher(tmp_path, "sweep1", completed)
+    sweeper.sweep(["model=mlp"])
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    # Each job got its trial's parameters as overrides, the fixed ones as typed, and its trial.
+    for (idx, overrides, env), trial in zip(pool.started, study.trials, strict=True):
+        assert overrides[0] == "model=mlp"
+        assert overrides[1:] == search.trial_overrides(trial.params)
+        spec = json.loads(env[TRIAL_ENV])
+        assert spec["trial"] == trial.number and spec["study"] == study.study_name
+        assert trial.user_attrs["job_dir"] == str(tmp_path / "sweep1" / str(idx))
+        assert set(trial.user_attrs) == {"job_dir", "host"}  # no overrides, no config values
+    best = OmegaConf.load(tmp_path / "sweep1" / "best_trial.yaml")
+    assert best.value == study.best_value and best.trial == study.best_trial.number
+    assert best.command == "litlab-train model=mlp " + " ".join(
+        search.trial_overrides(study.best_trial.params)
+    )
+    # The same command again: the study is complete, nothing runs.
+    again, pool_again = searcher(tmp_path, "sweep2", completed)
+    again.sweep(["model=mlp"])
+    assert pool_again.started == [] and len(load(tmp_path).trials) == 4
+    # A larger n_trials continues the same study.
+    more, pool_more = searcher(tmp_path, "sweep3", completed, n_trials=6)
+    more.sweep(["model=mlp"])
+    assert len(pool_more.started) == 2 and len(load(tmp_path).trials) == 6
+
+
+def test_pruned_failed_and_interrupted_trials(tmp_path):
+    outcomes = iter(["pruned", "failed", "interrupted", "completed", "completed", "completed"])
+
+    def job(params, trial):
+        status = next(outcomes)
+        metrics = {"val/acc": 0.5} if status == "completed" else {}
+        return {"status": status, "metrics": metrics, "pruned_epoch": 0 if status == "pruned" else None}
+
+    sweeper, pool = searcher(tmp_path, "sweep", job, slots=1)
+    sweeper.sweep([])
+    states = [t.state for t in load(tmp_path).trials]
+    # The interrupted trial (2) is retried with its parameters (3): it would resume from its checkpoint.
+    assert states == [TrialState.PRUNED, TrialState.FAIL, TrialState.FAIL] + [TrialState.COMPLETE] * 2
+    trials = load(tmp_path).trials
+    assert trials[3].params == trials[2].params
+    assert budget_of(trials).spent == 4 and len(pool.started) == 5
+
+
+def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
+    monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
+    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, heartbeat_interval=1)
+    sweeper.sweep([])
+    study = load(tmp_path)
+    # A sweep that died with a trial running: asked for, one heartbeat, then silence.
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/storage/optuna/{study.study_name}.db", heartbeat_interval=1
+    )
+    dead = optuna.load_study(study_name=study.study_name, storage=storage).ask(
+        {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
+    )
+    storage.record_heartbeat(dead._trial_id)
+    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, heartbeat_interval=1)
+    started = time.monotonic()
+    rerun.sweep([])
+    trials = load(tmp_path).trials
+    assert time.monotonic() - started < 30
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
+    # The retry has the dead trial's parameters (and samples those it had not asked for yet).
+    assert trials[3].params["optimizer.lr"] == trials[2].params["optimizer.lr"] and len(pool.started) == 1
+    assert budget_of(trials).spent == 3
+
+
+def test_an_optuna_search_composes_with_litlabs_sweeper(tmp_path):
+    cfg = compose_train(["hparams_search=optuna"], tmp_path)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_ == "hydra_plugins.litlab_search.OptunaSearch"
+    assert sweeper.storage is None and sweeper.pruner == "median" and sweeper.n_trials == 20
+    assert sweeper.sampler.seed == cfg.seed
+    from hydra.core.plugins import Plugins
+
+    assert Plugins.instance().class_name_to_class["hydra_plugins.litlab_search.OptunaSearch"]
+
+
+def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_path, capsys):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config.preflight import CONFIG_DIR
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    cfg = loader.load_configuration("train", ["hparams_search=optuna"], run_mode=RunMode.MULTIRUN)
+    sweeper, pool = searcher(tmp_path, "sweep", completed)
+    del sweeper.validate_batch_is_legal  # Hydra's own check, with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    with pytest.raises(SystemExit) as stopped:
+        sweeper.sweep(["model=choice(mlp,nosuch)"])
+    assert stopped.value.code == 2 and pool.started == []
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        error.startswith("litlab: error: the search's overrides") and "model=nosuch do not compose" in error
+    )
+
+
+class FunctionLauncher:
+    """A launcher without ``run_queue`` (joblib, submitit): Hydra's ``launch`` of a batch of jobs."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self.batches: list[list[list[str]]] = []
+
+    def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+        self.batches.append([list(o) for o in job_overrides])
+        returns = []
+        for offset, overrides in enumerate(job_overrides):
+            job_dir = self.sweep_dir / str(initial_job_idx + offset)
+            job_dir.mkdir(parents=True)
+            params = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
+            (job_dir / "summary.json").write_text(json.dumps(completed(params, None)))
+            returns.append(JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED))
+        return returns
+
+
+def test_launchers_without_a_queue_get_batches_of_n_jobs_trials(tmp_path):
+    sweeper, _ = searcher(tmp_path, "sweep", completed, n_trials=5, n_jobs=2)
+    sweeper.launcher = FunctionLauncher(tmp_path / "sweep")
+    sweeper.sweep([])
+    assert [len(batch) for batch in sweeper.launcher.batches] == [2, 2, 1]
+    assert [t.state for t in load(tmp_path).trials] == [TrialState.COMPLETE] * 5
+    # The trial reaches the job's process through Hydra's job.env_set (the launcher has no env).
+    first = sweeper.launcher.batches[0][0][-1]
+    assert first.startswith(f"++hydra.job.env_set.{TRIAL_ENV}=") and '"trial": 0' in first
