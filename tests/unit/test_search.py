@@ -30,7 +30,7 @@ from litlab.launch.search import (
     within_budget,
     without_password,
 )
-from tests.conftest import compose_train
+from tests.conftest import TINY, compose_train, train_in_process
 
 SPACE = {"optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "data.batch_size": "choice(16, 32, 64)"}
 
@@ -347,3 +347,43 @@ def test_launchers_without_a_queue_get_batches_of_n_jobs_trials(tmp_path):
     # The trial reaches the job's process through Hydra's job.env_set (the launcher has no env).
     first = sweeper.launcher.batches[0][0][-1]
     assert first.startswith(f"++hydra.job.env_set.{TRIAL_ENV}=") and '"trial": 0' in first
+
+
+# --- pruning inside a run (litlab.callbacks.pruning), in-process ---------------------------------
+
+
+def trial_of_a_study_with_a_good_trial(tmp_path: Path) -> dict:
+    """A SQLite study with one completed trial that reached val/acc 0.99 at epoch 0, and a new running
+    trial: the LITLAB_OPTUNA_TRIAL of that trial (median pruner, prunes from the first trial on)."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    study.add_trial(create_trial(value=0.99, intermediate_values={0: 0.99, 1: 0.99}))
+    trial = study.ask()
+    pruner = {"name": "median", "startup_trials": 1, "warmup_epochs": 0, "max_epochs": 2}
+    return {"storage": url, "study": "s", "trial": trial.number, "pruner": pruner}
+
+
+RUN = [*TINY, "model=mlp", "trainer.max_epochs=2", "optimizer.lr=1e-7"]
+
+
+def test_a_trial_worse_than_the_median_stops_after_that_validation(tmp_path, monkeypatch):
+    spec = trial_of_a_study_with_a_good_trial(tmp_path)
+    monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
+    summary = train_in_process(tmp_path, *RUN)
+    assert summary["status"] == "pruned" and summary["pruned_epoch"] == 0
+    assert summary["epochs"] == 1 and summary["checkpoints"]["tested"] is None  # stopped there, no test
+    assert not any(name.startswith("test/") for name in summary["metrics"])
+    trial = optuna.load_study(study_name="s", storage=spec["storage"]).trials[1]
+    assert trial.intermediate_values == {0: pytest.approx(summary["metrics"]["val/acc"])}
+    assert trial.state == TrialState.RUNNING  # the sweep tells it, when the job has ended
+
+
+def test_a_study_out_of_reach_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
+    spec = {
+        **trial_of_a_study_with_a_good_trial(tmp_path),
+        "storage": f"sqlite:///{tmp_path}/no/such/dir/x.db",
+    }
+    monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
+    summary = train_in_process(tmp_path, *RUN)
+    assert summary["status"] == "completed" and summary["pruned_epoch"] is None and summary["epochs"] == 2
+    assert "the run is not pruned" in caplog.text

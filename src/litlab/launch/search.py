@@ -31,8 +31,11 @@ What it guarantees, and how:
 - **Pruning.** Each trial's process gets ``LITLAB_OPTUNA_TRIAL`` (JSON: storage, study, trial number,
   pruner); ``litlab.callbacks.pruning`` reports ``optimized_metric`` after every validation and stops a
   trial its pruner prunes (summary.json ``status: pruned``); the sweep then tells it PRUNED.
-- **Secrets.** The study stores the sampled parameters and the trial's job folder, nothing else: no
-  overrides, no resolved config values.
+- **Job folders.** A trial is a job of this sweep, ``<sweep dir>/<job number>/``, numbered by the sweep
+  (each run of the command has a sweep folder of its own, so numbers never collide); the study links
+  each trial to its folder (user attribute ``job_dir``), and the sweep's log says ``trial 7 (job 2)``.
+- **Secrets.** The study stores the sampled parameters, the trial's job folder and host, nothing else:
+  no overrides, no resolved config values.
 - **The best trial** is ``<sweep dir>/best_trial.yaml``: parameters, value, and the command that
   trains it alone.
 """
