@@ -118,6 +118,7 @@ def mlflow_runs(url: str, experiment: str, monkeypatch) -> list:
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
+@pytest.mark.slow
 def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluates(
     log_dir, auth_server, tmp_path, monkeypatch
 ):
@@ -178,6 +179,7 @@ def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluat
     ok(litlab("litlab-eval", f"ckpt_path={older}", env=env))
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch):
     pytest.importorskip("wandb")
     url, server_folder = auth_server

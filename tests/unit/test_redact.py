@@ -156,7 +156,8 @@ def test_mlflow_gets_the_tracking_uri_without_user_info_and_the_credentials_in_i
     monkeypatch,
 ):
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so what credential_arguments sets is undone afterwards
+        monkeypatch.delenv(name)
     logger_cfg = OmegaConf.create(
         {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": "http://al%40ice:p%3Aw@h:5/x"}
     )
@@ -165,10 +166,14 @@ def test_mlflow_gets_the_tracking_uri_without_user_info_and_the_credentials_in_i
         "al@ice",
         "p:w",
     )
-    # Variables already set win, as they do in MLflow's own client.
+    # Variables already set win, as they do in MLflow's own client; an empty one counts as none there.
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-env")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "")
     credential_arguments(logger_cfg)
-    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "from-env"
+    assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == (
+        "al@ice",
+        "from-env",
+    )
     # No user-info, or another logger: nothing changes.
     assert credential_arguments(OmegaConf.create({**logger_cfg, "tracking_uri": "sqlite:///x.db"})) == {}
     assert (

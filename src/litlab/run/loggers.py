@@ -60,15 +60,16 @@ def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
     """An MLflow logger's ``tracking_uri`` without user-info, its credentials moved into the
     environment variables MLflow's client authenticates with. Variables already set are kept: MLflow
     sends those (as ``requests`` auth) even when the URL has user-info, so nothing changes who the run
-    authenticates as."""
+    authenticates as. They stay set for the rest of the process (MLflow's client reads them at every
+    request) and for the processes it starts (DDP ranks, sweep jobs)."""
     if logger_kind(logger_cfg) != "MLFlowLogger" or not logger_cfg.get("tracking_uri"):
         return {}
     bare, username, password = url_without_userinfo(str(logger_cfg.tracking_uri))
     if username is None:
         return {}
-    os.environ.setdefault("MLFLOW_TRACKING_USERNAME", username)
-    if password is not None:
-        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
+    for name, value in (("MLFLOW_TRACKING_USERNAME", username), ("MLFLOW_TRACKING_PASSWORD", password)):
+        if value is not None and not os.environ.get(name):  # MLflow takes an empty one for none too
+            os.environ[name] = value
     return {"tracking_uri": bare}
 
 
