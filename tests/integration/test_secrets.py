@@ -180,17 +180,21 @@ def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluat
 
 
 @pytest.mark.slow
-def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch):
+def test_a_search_writes_logs_and_stores_no_credential(log_dir, auth_server, monkeypatch):
+    """A sweep, and an Optuna study (its trials' parameters, user and system attributes): an
+    ``hparams_search=optuna`` multirun is both."""
     pytest.importorskip("wandb")
+    optuna = pytest.importorskip("optuna")
     url, server_folder = auth_server
     tiny = [t for t in TINY if not t.startswith("logger=")]
     swept = ok(
         litlab(
             "litlab-train",
             "-m",
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=2",
             "logger=[csv,mlflow,tensorboard,wandb]",  # W&B offline: its run files are searched too
             "experiment_name=swept",
-            "trainer.accumulate_grad_batches=1,2",
             *DATA_FROM_A_SERVICE,
             *tiny,
             env={**credentials_env(url), "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
@@ -204,7 +208,18 @@ def test_a_sweep_writes_and_logs_no_credential(log_dir, auth_server, monkeypatch
         "completed",
     ]
     assert list(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
-    assert files_holding_a_secret(log_dir, server_folder) == []
+    assert files_holding_a_secret(log_dir, server_folder) == []  # the study's SQLite file included
     assert outputs_holding_a_secret(swept) == []
     runs = mlflow_runs(url, "swept", monkeypatch)
     assert sorted(r.data.tags["sweep_job"] for r in runs) == ["0", "1"]
+    (database,) = log_dir.rglob("optuna/*.db")
+    storage = f"sqlite:///{database}"
+    (summary,) = optuna.study.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert len(study.trials) == 2
+    stored = json.dumps(
+        [study.user_attrs, study.system_attrs]
+        + [[t.params, t.user_attrs, t.system_attrs] for t in study.trials],
+        default=str,
+    )
+    assert not any(secret.decode() in stored for secret in SECRETS)
