@@ -217,8 +217,10 @@ def test_a_search_writes_logs_and_stores_no_credential(log_dir, auth_server, mon
     (summary,) = optuna.study.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
     assert len(study.trials) == 2
+    opened = optuna.storages.get_storage(storage)
+    study_system_attrs = opened.get_study_system_attrs(opened.get_study_id_from_name(summary.study_name))
     stored = json.dumps(
-        [study.user_attrs, study.system_attrs]
+        [study.user_attrs, study_system_attrs]
         + [[t.params, t.user_attrs, t.system_attrs] for t in study.trials],
         default=str,
     )

@@ -38,6 +38,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from litlab.config.preflight import check_train_config
+from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
 from litlab.logs import global_rank
 
@@ -48,7 +49,17 @@ log = logging.getLogger(__name__)
 SWEEP_JOB_ENV = "LITLAB_SWEEP_JOB"
 
 # Hydra overrides that belong to the sweep, not to the job: the child is a plain single run.
-_SWEEP_ONLY = ("hydra.mode", "hydra.run", "hydra.sweep", "hydra.sweeper", "hydra.launcher", "hydra.job.num")
+# A trial's study and number reach a batch launcher's job as hydra.job.env_set; the child inherits the
+# job's environment, and its command.sh must not carry the study's storage URL.
+_SWEEP_ONLY = (
+    "hydra.mode",
+    "hydra.run",
+    "hydra.sweep",
+    "hydra.sweeper",
+    "hydra.launcher",
+    "hydra.job.num",
+    "hydra.job.env_set.LITLAB_OPTUNA_TRIAL",
+)
 _SWEEP_ONLY_GROUPS = ("hydra/sweeper", "hydra/launcher")
 
 
@@ -94,14 +105,14 @@ def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.tr
     ``module``: its overrides, its directory, RUN mode."""
     kept_hydra = [
         o
-        for o in hydra.overrides.hydra
+        for o in typed_overrides(hydra.overrides.hydra)
         if not o.lstrip("+~").startswith(_SWEEP_ONLY) and not o.startswith(_SWEEP_ONLY_GROUPS)
     ]
     return [
         sys.executable,
         "-m",
         module,
-        *hydra.overrides.task,
+        *typed_overrides(hydra.overrides.task),  # as typed: ${oc.env:...} is resolved by the child
         *kept_hydra,
         f'hydra.run.dir="{job_dir}"',
         "hydra.mode=RUN",  # a sweep file sets MULTIRUN; this one process is a single run
@@ -163,6 +174,6 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
         error,
         run_dir=job_dir,
         choices=dict(hydra.runtime.choices),
-        overrides=list(hydra.overrides.task),
+        overrides=typed_overrides(hydra.overrides.task),
         sweep=sweep_job(),
     ).write(path)

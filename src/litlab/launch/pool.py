@@ -65,6 +65,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
+from litlab.config.redact import typed_overrides  # omegaconf only: the plugin module stays light
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -630,7 +632,7 @@ class DevicePoolLauncher(Launcher):
             error,
             run_dir=job.dir,
             choices=dict(job.config.hydra.runtime.choices),
-            overrides=list(job.config.hydra.overrides.task),
+            overrides=typed_overrides(job.config.hydra.overrides.task),
             sweep=self._sweep_record(job),
         )
 
@@ -646,7 +648,7 @@ class DevicePoolLauncher(Launcher):
         ret = JobReturn()
         ret.cfg = self._task_config(job.config)
         ret.hydra_cfg = job.config
-        ret.overrides = list(job.config.hydra.overrides.task)
+        ret.overrides = typed_overrides(job.config.hydra.overrides.task)
         ret.working_dir = str(job.dir)
         ret.task_name = str(job.config.hydra.job.name)
         ret.status = JobStatus.COMPLETED  # a failed job is a failed row of the report, not the sweep's end
