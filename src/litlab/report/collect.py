@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.redact import typed_overrides
 from litlab.run.summary import FAILED, Summary
 
 
@@ -83,5 +84,5 @@ def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:
         "no summary.json: the job's process was killed, or it is still running",
         run_dir=run_dir,
         choices=choices,
-        overrides=list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else [],
+        overrides=typed_overrides(OmegaConf.load(overrides_file)) if overrides_file.is_file() else [],
     )
