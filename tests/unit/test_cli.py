@@ -46,7 +46,7 @@ def test_train_help_says_what_it_does_and_lists_only_the_groups_a_user_picks(mon
     for group in user_groups:
         assert [o.rstrip("*") for o in listed[group]] == option_names(group)
     # What this command line picks: its override, and the defaults for the rest.
-    assert "mlp*" in listed["model"] and "digits*" in listed["data"] and "basic*" in listed["hydra/launcher"]
+    assert "mlp*" in listed["model"] and "digits*" in listed["data"] and "local*" in listed["hydra/launcher"]
     assert 'eval "$(litlab-train -sc install=bash)"' in text  # shell completion, among Hydra's flags
 
 
