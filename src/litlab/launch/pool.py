@@ -26,10 +26,10 @@ A job whose run identity already completed (its storage folder holds a completed
 storage) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
 
 Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole process group: DDP
-ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 128 + the signal (143
-for SIGTERM, 130 for Ctrl-C). The same command again skips the completed jobs and resumes the
-others from their checkpoints. A sweep killed outright (SIGKILL) takes its jobs with it: each job
-process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
+ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 143 (as a single run
+stopped by SIGTERM does: preempted, the same command resumes). The same command again skips the
+completed jobs and resumes the others from their checkpoints. A sweep killed outright (SIGKILL)
+takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ class DevicePoolLauncher(Launcher):
             for job in queue.values():  # their folders exist: say why they hold no run
                 self._not_started(job, f"the sweep was stopped by {name} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
-            raise SystemExit(128 + self._stop_signal)
+            raise SystemExit(128 + signal.SIGTERM)  # what the jobs got: preempted, resumable
 
     def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
         """Queued jobs that may start: not one whose run identity a running job holds (the same
