@@ -343,6 +343,7 @@ class DevicePoolLauncher(Launcher):
             schedule.jobs_per_device,
             "" if schedule.jobs_per_device == 1 else "s",
         )
+        sweep_hydra_config = HydraConfig.instance().cfg  # each job's is set while it is prepared
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._stop_signal = None
         queue: dict[int, _Job] = {}
@@ -388,6 +389,7 @@ class DevicePoolLauncher(Launcher):
                 signal.signal(sig, handler)
             for job in self._running.values():  # an error in the sweep itself: its jobs stop too
                 self._terminate(job)
+            HydraConfig.instance().cfg = sweep_hydra_config
         if self._stop_signal is not None:
             from litlab.run.summary import INTERRUPTED
 
