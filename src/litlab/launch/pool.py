@@ -26,10 +26,10 @@ A job whose run identity already completed (its storage folder holds a completed
 storage) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
 
 Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole process group: DDP
-ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 128 + the signal (143
-for SIGTERM, 130 for Ctrl-C). The same command again skips the completed jobs and resumes the
-others from their checkpoints. A sweep killed outright (SIGKILL) takes its jobs with it: each job
-process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
+ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 143 (as a single run
+stopped by SIGTERM does: preempted, the same command resumes). The same command again skips the
+completed jobs and resumes the others from their checkpoints. A sweep killed outright (SIGKILL)
+takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -345,6 +345,7 @@ class DevicePoolLauncher(Launcher):
             schedule.jobs_per_device,
             "" if schedule.jobs_per_device == 1 else "s",
         )
+        sweep_hydra_config = HydraConfig.instance().cfg  # each job's is set while it is prepared
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._stop_signal = None
         queue: dict[int, _Job] = {}
@@ -390,6 +391,7 @@ class DevicePoolLauncher(Launcher):
                 signal.signal(sig, handler)
             for job in self._running.values():  # an error in the sweep itself: its jobs stop too
                 self._terminate(job)
+            HydraConfig.instance().cfg = sweep_hydra_config
         if self._stop_signal is not None:
             from litlab.run.summary import INTERRUPTED
 
@@ -397,7 +399,7 @@ class DevicePoolLauncher(Launcher):
             for job in queue.values():  # their folders exist: say why they hold no run
                 self._not_started(job, f"the sweep was stopped by {name} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
-            raise SystemExit(128 + self._stop_signal)
+            raise SystemExit(128 + signal.SIGTERM)  # what the jobs got: preempted, resumable
 
     def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
         """Queued jobs that may start: not one whose run identity a running job holds (the same
