@@ -322,3 +322,13 @@ def test_report_png_draws_each_rows_interval_as_its_error_bar(tmp_path):
         [row["samples_per_second_ci95_low"], row["samples_per_second_ci95_high"]] for row in report.rows
     ]
     assert ends == [[pytest.approx(low), pytest.approx(high)] for low, high in expected]
+
+
+def test_a_sweep_with_nothing_left_to_run_ends_without_a_report_and_without_failing(tmp_path, caplog):
+    # The same search command run again once its study has n_trials: the sweeper starts no job.
+    (tmp_path / "multirun.yaml").write_text("{}\n")
+    config = OmegaConf.create({"task_name": "train", "hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with caplog.at_level("INFO"):
+        SweepReport().on_multirun_end(config)  # no SystemExit
+    assert not (tmp_path / "report.md").exists()
+    assert any("no job ran" in record.getMessage() for record in caplog.records)

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from litlab.report.collect import is_run_dir
 from litlab.report.compare import DEFAULT_BASELINE, Report, report_runs
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,13 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.task_name not in self.tasks:
             return
-        report = self._report(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir() or not any(job.is_dir() and is_run_dir(job) for job in sweep_dir.iterdir()):
+            # A search whose study already has n_trials (the same command run again): nothing failed.
+            self._written = True
+            log.info("no job ran in %s: nothing was left to run, so there is no report", sweep_dir)
+            return
+        report = self._report(sweep_dir)
         if report is None or report.failed:
             if report is not None:
                 log.error("%d of %d jobs failed (see report.md)", len(report.failed), report.run_count)

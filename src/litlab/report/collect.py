@@ -43,10 +43,10 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
     for path in paths:
         if not path.is_dir():
             raise CompareError(f"{path} is not a directory")
-        if _is_run_dir(path):
+        if is_run_dir(path):
             runs.append(load_run(path, label=path.name))
             continue
-        jobs = sorted((d for d in path.iterdir() if d.is_dir() and _is_run_dir(d)), key=_job_order)
+        jobs = sorted((d for d in path.iterdir() if d.is_dir() and is_run_dir(d)), key=_job_order)
         if not jobs:
             raise CompareError(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
@@ -56,7 +56,8 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
     return runs
 
 
-def _is_run_dir(path: Path) -> bool:
+def is_run_dir(path: Path) -> bool:
+    """A run's or a job's folder: it has summary.json, or the .hydra/ record its process starts with."""
     return (path / "summary.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
 
 
