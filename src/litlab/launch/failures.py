@@ -21,6 +21,9 @@ after every training batch the ranks agree (one all-reduce) and stop at the same
 where ``PreemptionCheckpoint`` writes ``preempted.ckpt``. Lightning's own handler broadcasts from
 inside the signal handler, which pairs with whatever collective the other ranks are in.
 
+A rank that is alive but stuck, and a SIGTERM whose ranks cannot reach that boundary in time, are
+``litlab.launch.hangs``'s.
+
 ``oom=auto_shrink`` retries a smaller micro-batch only when every rank ran out of memory in the same
 step (``every_rank_out_of_memory``); otherwise every rank fails.
 """

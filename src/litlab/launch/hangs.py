@@ -1,22 +1,11 @@
 """A rank that is alive but makes no progress ends the run in one line, and so does a preemption
-whose ranks cannot reach a common batch boundary in time.
+whose ranks cannot reach a common batch boundary within ``preempt_grace``.
 
-Every rank beats from inside its loop (``litlab.heartbeat``: batch start, backward, optimizer step,
-batch end, validation, checkpoint bytes written). A watchdog thread per rank looks at its own beats
-every ``poll`` seconds and tells the other ranks (the store ``torch.distributed`` rendezvoused in,
-as ``litlab.launch.failures`` uses it) where it is and whether it is stalled: no beat for
-``hang_timeout`` seconds (three times that in a first step or validation; a checkpoint upload more
-by its size). When every rank is stalled, the run is hung: one rank claims the end, names the rank
-the others wait for (the fewest beats), and every rank writes the stacks of all its threads to
-``stacks-rank<N>.txt`` in the run folder, rank 0 writes summary.json ``failed``, and each prints
-the same line and ends. A rank that is still making progress (a long checkpoint write, a slow
-validation on one rank) keeps the run alive whatever the others wait for.
-
-SIGTERM (and Slurm's requeue signal) is noticed by the watchdog through ``signal.set_wakeup_fd``:
-the C-level handler writes to a pipe even while the main thread is blocked inside a collective,
-where a Python handler never runs. If the ranks have not reached the batch boundary
-``StopTogetherOnSigterm`` stops them at within ``preempt_grace`` seconds, the run exits 143 without
-a preempted checkpoint, saying so and what the next attempt resumes from.
+Each rank beats from inside its loop (``litlab.heartbeat``); a watchdog thread per rank shares where
+its rank is through the ranks' store, and when every rank has been stalled past its allowance one
+of them names the rank the others wait for; every rank writes its stacks and ends. SIGTERM reaches
+the watchdog through ``signal.set_wakeup_fd``, also while the main thread is blocked in a collective.
+How a hang is told from a long step: docs/launch.md, "When a rank hangs".
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ LightningModule, ``data._target_`` a LightningDataModule that takes the micro-ba
 statistics, the non-finite guard, the world check, per-step reseeding, the train loader's resume
 check, the run config stored in every checkpoint, the per-epoch history and the input wait (for
 summary.json, reports and the doctor), the run config as the loggers' parameters (both redacted:
-no credentials, ``litlab.config.redact``), and the model summary.
+no credentials, ``litlab.config.redact``), the model summary, and the hang watch
+(``litlab.launch.hangs``). A logger, strategy, callback or profiler that raises while it is built
+ends the run in one line (``PartRefused``).
 """
 
 from __future__ import annotations
