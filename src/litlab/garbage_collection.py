@@ -16,8 +16,8 @@ from collections.abc import Iterator
 def existing_objects_frozen() -> Iterator[None]:
     """Hides what exists now from the collector while the block runs (training: one full
     collection in 600 steps of a small model cost a tenth of its training time, and under DDP the other
-    ranks wait for it in the next all-reduce). Unfrozen afterwards, so that the next job of an
-    in-process sweep can collect this one's garbage."""
+    ranks wait for it in the next all-reduce). Unfrozen afterwards, so that what runs after the fit
+    in the same process (the test, a second fit in a notebook) can collect the fit's garbage."""
     gc.freeze()
     try:
         yield

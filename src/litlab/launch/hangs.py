@@ -102,8 +102,8 @@ class HangWatch(Callback):
             self.watchdog = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
-        # Lightning skips the teardown hooks after an exception: a failed job of an in-process sweep
-        # must not leave a watchdog that ends the sweep's process later.
+        # Lightning skips the teardown hooks after an exception: a failed fit must not leave a watchdog
+        # that ends the process later (a notebook, a test that trains in-process).
         self.teardown(trainer, pl_module, "exception")
 
     # --- beats at the start of hooks ---------------------------------------------------------------

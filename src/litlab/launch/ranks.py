@@ -208,7 +208,7 @@ def cluster_started_ranks(env: Mapping[str, str] | None = None) -> bool:
     """Whether a cluster launcher started this process as one rank of a job: torchrun, Slurm's
     srun, LSF's jsrun, a LOCAL_RANK set by hand, or submitit's local tasks (the variables Lightning's
     cluster environments detect). Decided from the environment the process started with: what a
-    previous job of an in-process sweep left in ``os.environ`` must not count. Read here, not through
+    fit earlier in the same process (a notebook, an in-process test) left in ``os.environ`` must not count. Read here, not through
     Lightning, because importing Lightning costs ~8 s in a process that may only wait for a child.
     """
     env = PROCESS_START_ENV if env is None else env
