@@ -207,9 +207,10 @@ def join_restarted_torchrun_group(trainer: Any) -> None:
 def cluster_started_ranks(env: Mapping[str, str] | None = None) -> bool:
     """Whether a cluster launcher started this process as one rank of a job: torchrun, Slurm's
     srun, LSF's jsrun, a LOCAL_RANK set by hand, or submitit's local tasks (the variables Lightning's
-    cluster environments detect). Decided from the environment the process started with: what a
-    fit earlier in the same process (a notebook, an in-process test) left in ``os.environ`` must not count. Read here, not through
-    Lightning, because importing Lightning costs ~8 s in a process that may only wait for a child.
+    cluster environments detect). Decided from the environment the process started with: what a fit
+    earlier in the same process (a notebook, an in-process test) left in ``os.environ`` must not
+    count. Read here, not through Lightning, because importing Lightning costs ~8 s in a process that
+    may only wait for a child.
     """
     env = PROCESS_START_ENV if env is None else env
     if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
