@@ -15,6 +15,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from omegaconf import OmegaConf
 
 from litlab.config import schema
@@ -162,11 +163,17 @@ def litlab_overrides(command: str) -> list[str] | None:
 
 
 def compose_command(overrides: list[str]):
-    """Compose a command's config as Hydra would (first value of each sweep), with its launcher."""
+    """Compose a command's config as Hydra would (first value of each sweep, the start of an
+    interval that a search samples), with its launcher."""
     parser = OverridesParser.create()
     single = []
     for override in parser.parse_overrides([o for o in overrides if not o.startswith("-")]):
-        value = next(iter(override.sweep_string_iterator())) if override.is_sweep_override() else None
+        if override.value_type == ValueType.INTERVAL_SWEEP:
+            value = str(override.value().start)
+        elif override.is_sweep_override():
+            value = next(iter(override.sweep_string_iterator()))
+        else:
+            value = None
         single.append(f"{override.get_key_element()}={value}" if value is not None else override.input_line)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=single, return_hydra_config=True)
