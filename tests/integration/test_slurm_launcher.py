@@ -209,8 +209,9 @@ def test_submitit_local_job_tasks_become_the_ranks_of_one_run(log_dir: Path, tmp
     # submitit started both ranks; Lightning adopted them (LOCAL_RANK set) and launched none.
     assert (job_summary["world_size"], job_summary["cluster_environment"]) == (2, "LightningEnvironment")
     assert ranks_that_joined(job) == ["0 1/2", "1 2/2"]
-    # Each rank is submitit's task of that rank, and a sibling of the other, not its child (a rank
-    # Lightning launched would be rank 0's child, with rank 0's submitit id).
+    # Each rank is the job's single-run process started by submitit's task of that rank (every sweep
+    # job runs as a child of the process the launcher started), not rank 0's child: a rank Lightning
+    # launched would be rank 0's child, with rank 0's submitit id.
     ranks = [json.loads(Path(f"{report}.rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["submitit"] for r in ranks] == ["0", "1"], ranks
-    assert ranks[1]["ppid"] == ranks[0]["ppid"] != ranks[0]["pid"], ranks
+    assert ranks[1]["ppid"] != ranks[0]["pid"] and ranks[0]["ppid"] != ranks[1]["ppid"], ranks
