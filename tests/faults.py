@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -317,22 +319,37 @@ class HoldAt(Callback):
         if self.step is None or trainer.global_step != self.step:
             return
         self.step = None  # once
-        received = []
-        handler = signal.getsignal(self.signal)
+        step = trainer.global_step
+        hold_until_signal(
+            self.signal,
+            announce=lambda: print(
+                f"tests.faults: holding at step {step} until {self.signal.name}", flush=True
+            ),
+        )
 
-        def note(signum, frame) -> None:
-            received.append(signum)
-            if callable(handler):
-                handler(signum, frame)
 
-        signal.signal(self.signal, note)
-        print(f"tests.faults: holding at step {trainer.global_step} until {self.signal.name}", flush=True)
-        deadline = time.monotonic() + HOLD_S
-        try:
-            while not received and time.monotonic() < deadline:
-                time.sleep(0.05)  # the handler runs between these sleeps
-        finally:
-            signal.signal(self.signal, handler)
+def hold_until_signal(
+    signum: int, announce: Callable[[], None], holding: Callable[[], bool] = lambda: True
+) -> None:
+    """Sleep until the process receives ``signum``, ``holding()`` turns false or ``HOLD_S`` pass. The
+    handler already installed for the signal (Lightning's, litlab's) still runs, once, when it comes;
+    ``announce`` tells the test that the hold began, after the signal is caught."""
+    received = []
+    handler = signal.getsignal(signum)
+
+    def note(signum, frame) -> None:
+        received.append(signum)
+        if callable(handler):
+            handler(signum, frame)
+
+    signal.signal(signum, note)
+    announce()
+    deadline = time.monotonic() + HOLD_S
+    try:
+        while holding() and not received and time.monotonic() < deadline:
+            time.sleep(0.05)  # the handler runs between these sleeps
+    finally:
+        signal.signal(signum, handler)
 
 
 def random_generator_states() -> dict[str, torch.Tensor]:
@@ -498,20 +515,8 @@ class HoldWhileFileExists(Callback):
         path = os.environ.get(HOLD_FILE_ENV)
         if not path or trainer.global_step != 1 or not os.path.exists(path):
             return
-        received = []
-        handler = signal.getsignal(signal.SIGTERM)
-
-        def note(signum, frame) -> None:
-            received.append(signum)
-            if callable(handler):
-                handler(signum, frame)
-
-        signal.signal(signal.SIGTERM, note)
-        with open(f"{path}.held", "w") as file:
-            file.write(str(os.getpid()))
-        deadline = time.monotonic() + HOLD_S
-        try:
-            while os.path.exists(path) and not received and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            signal.signal(signal.SIGTERM, handler)
+        hold_until_signal(
+            signal.SIGTERM,
+            announce=lambda: Path(f"{path}.held").write_text(str(os.getpid())),
+            holding=lambda: os.path.exists(path),
+        )

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch import search
 from litlab.launch.search import (
@@ -28,7 +29,6 @@ from litlab.launch.search import (
     storage_url,
     study_name_of,
     within_budget,
-    without_password,
 )
 from tests.conftest import TINY, compose_train, train_in_process
 
@@ -112,11 +112,9 @@ def test_storage_urls(tmp_path):
         storage_url(None, "s3://bucket/runs", "s")
     with pytest.raises(ConfigError, match="hydra.sweeper.storage=mydb: not a database URL"):
         storage_url("mydb", "", "s")
-    assert (
-        without_password("postgresql+psycopg://me:s3cret@db:5432/x")
-        == "postgresql+psycopg://me:***@db:5432/x"
-    )
-    assert without_password("sqlite:////a/b.db") == "sqlite:////a/b.db"
+    # Shown and written as litlab redacts any URL (config.redact): no user-info, so no password.
+    assert redact_text("postgresql+psycopg://me:s3cret@db:5432/x") == "postgresql+psycopg://***@db:5432/x"
+    assert redact_text("sqlite:////a/b.db") == "sqlite:////a/b.db"
 
 
 def frozen(number: int, state: TrialState, **system_attrs):

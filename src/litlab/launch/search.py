@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -71,6 +71,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch.pool import QueuedJob
 from litlab.run.identity import NOT_IDENTITY
@@ -264,18 +265,9 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
         except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as error:
             reason = " ".join(str(error).split("\n")[0].split())
             raise ConfigError(
-                f"hydra.sweeper.storage: cannot open the study's database {without_password(url)}: {reason}"
+                f"hydra.sweeper.storage: cannot open the study's database {redact_text(url)}: {reason}"
             ) from None
     raise AssertionError("unreachable")
-
-
-def without_password(url: str) -> str:
-    """A storage URL as it may be shown and written: any password replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 # --- the budget ----------------------------------------------------------------------------------
@@ -493,7 +485,7 @@ class OptunaSearch(Sweeper):
         log.info(
             "Optuna study %s in %s: %d of %d trials spent, %d running in other sweeps; sampler %s, pruner %s",
             name,
-            without_password(url),
+            redact_text(url),
             budget.spent,
             self.n_trials,
             budget.running,
@@ -783,7 +775,7 @@ def best_trial_record(
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     return {
         "study": study.study_name,
-        "storage": without_password(url),
+        "storage": redact_text(url),
         "direction": study.direction.name.lower(),
         "trial": best.number,
         "value": best.value,
