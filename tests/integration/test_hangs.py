@@ -213,6 +213,39 @@ def test_sigterm_with_a_stuck_rank_exits_143_within_the_grace(tmp_path):
     assert not list(log_dir.glob("**/checkpoints/preempted.ckpt"))
 
 
+def test_a_run_that_blocks_while_stopping_for_sigterm_exits_143_naming_its_checkpoint(tmp_path):
+    # One process: SIGTERM at step 3, preempted.ckpt written, then a call that never returns (a store
+    # whose host is gone). The run still ends, within the grace, and the same command resumes.
+    log_dir = tmp_path / "logs"
+    grace = 3
+    hold, block = "+callbacks.hold._target_=tests.faults.HoldAt", "+callbacks.block._target_=tests.faults.BlockWhileStopping"
+    args = ["model=mlp", *STEPS, hold, block, f"preempt_grace={grace}"]
+    env = env_for(log_dir, LITLAB_TEST_HOLD_AT="SIGTERM:3")
+
+    status, output, seconds = run_until(
+        "tests.faults: holding at step 3", args, env, then=lambda p: p.send_signal(signal.SIGTERM)
+    )
+
+    assert status == 143, output[-3000:]
+    assert "tests.faults: blocking while stopping" in output
+    assert seconds < grace + 40, seconds  # the grace, then stacks and summary.json
+    line = last_line(output)
+    assert re.match(
+        r"litlab: error: SIGTERM: the run stopped at global step 3 but did not end within preempt_grace=3 s; "
+        r"stacks of every thread: \S+/stacks-rank0\.txt; the next attempt resumes from \S+/preempted\.ckpt "
+        r"\(step 3\)$",
+        line,
+    ), line
+    (run,) = run_dirs(log_dir)
+    assert summary(run)["status"] == "interrupted"
+    assert "BlockWhileStopping" in (run / "stacks-rank0.txt").read_text()
+    assert checkpoint_step(log_dir, "preempted.ckpt") == 3
+
+    resumed = litlab("litlab-train", *args, env=env_for(log_dir))
+    ok(resumed)
+    assert summary(run_dirs(log_dir)[-1])["resumed_count"] == 1
+
+
 def test_a_logger_that_refuses_its_tracking_uri_fails_in_one_line(tmp_path):
     log_dir = tmp_path / "logs"
     uri = f"file://{tmp_path}/mlruns"
