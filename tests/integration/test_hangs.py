@@ -218,7 +218,10 @@ def test_a_run_that_blocks_while_stopping_for_sigterm_exits_143_naming_its_check
     # whose host is gone). The run still ends, within the grace, and the same command resumes.
     log_dir = tmp_path / "logs"
     grace = 3
-    hold, block = "+callbacks.hold._target_=tests.faults.HoldAt", "+callbacks.block._target_=tests.faults.BlockWhileStopping"
+    hold, block = (
+        "+callbacks.hold._target_=tests.faults.HoldAt",
+        "+callbacks.block._target_=tests.faults.BlockWhileStopping",
+    )
     args = ["model=mlp", *STEPS, hold, block, f"preempt_grace={grace}"]
     env = env_for(log_dir, LITLAB_TEST_HOLD_AT="SIGTERM:3")
 
