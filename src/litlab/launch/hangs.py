@@ -1,5 +1,6 @@
 """A rank that is alive but makes no progress ends the run in one line, and so does a preemption
-whose ranks cannot reach a common batch boundary within ``preempt_grace``.
+whose ranks cannot reach a common batch boundary within ``preempt_grace``, or that stopped there but
+then makes no progress towards its end (preempted.ckpt, summary.json) for ``preempt_grace``.
 
 Each rank beats from inside its loop (``litlab.heartbeat``); a watchdog thread per rank shares where
 its rank is through the ranks' store, and when every rank has been stalled past its allowance one
@@ -29,6 +30,7 @@ from typing import Any
 import lightning as L
 import psutil
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.heartbeat import (
     DATA,
@@ -102,6 +104,12 @@ class HangWatch(Callback):
             self.watchdog = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
+        if isinstance(error, SIGTERMException) and self.watchdog is not None and self.preempt_grace > 0:
+            # Stopped between two batches for a SIGTERM (every rank at the same one): preempted.ckpt,
+            # summary.json and the exit are still to come, and whatever blocks there (a store whose
+            # host is gone) must not keep the process. stop_watching() ends the watch once recorded.
+            self.watchdog.stopping(trainer.global_step)
+            return
         # Lightning skips the teardown hooks after an exception: a failed fit must not leave a watchdog
         # that ends the process later (a notebook, a test that trains in-process).
         self.teardown(trainer, pl_module, "exception")
@@ -160,10 +168,14 @@ class Watchdog:
         self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
         self.running = True
         self.preempted_at: float | None = None
+        self.stopping_at: float | None = None  # when the run began to stop at a boundary, for a SIGTERM
+        self.stopping_step = 0
         self.signal_pipe: tuple[int, int] | None = None
         self.previous_wakeup_fd: int | None = None
         self.thread = threading.Thread(target=self._run, name="litlab-hang-watchdog", daemon=True)
         self.ending = threading.Lock()  # held by the one thread that ends this process
+        self.stopped = False
+        self.arming = threading.Lock()  # stop_watching's cancel is never followed by this thread's arming
 
     def start(self) -> None:
         global _current
@@ -173,11 +185,18 @@ class Watchdog:
     def stop(self) -> None:
         """Ends the thread at its next look; gives the wakeup fd back (the thread closes the pipe's read
         end: closed here, its number could be reused while the thread reads it)."""
-        self.running = False
+        if self.stopped:
+            return
+        self.stopped, self.running = True, False
         if self.signal_pipe is not None and threading.current_thread() is threading.main_thread():
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(self.previous_wakeup_fd if self.previous_wakeup_fd is not None else -1)
             os.close(self.signal_pipe[1])
+
+    def stopping(self, step: int) -> None:
+        """The run stops at global step ``step`` for a SIGTERM: from now on it must make progress
+        towards its end (a checkpoint's bytes count) at least every ``preempt_grace`` seconds."""
+        self.stopping_at, self.stopping_step = time.monotonic(), step
 
     def notice_signals(self) -> None:
         """Signals reach a pipe the watchdog reads, even while the main thread is stuck in C code."""
@@ -212,6 +231,17 @@ class Watchdog:
         (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
 
     def tick(self) -> None:
+        if self.stopping_at is not None:
+            # Each rank on its own, without the ranks' store: rank 0 (its host) may have ended already.
+            idle = time.monotonic() - max(self.stopping_at, HEARTBEAT.at)
+            if idle > self.watch.preempt_grace:
+                self.end("stop", self.stop_cause())
+            # If this thread cannot run (a stuck call that holds the GIL), faulthandler's own thread
+            # prints every stack and ends the process: pushed back at every look while this one runs.
+            with self.arming:
+                if not self.stopped:
+                    faulthandler.dump_traceback_later(self.watch.preempt_grace + END_WITHIN_S, exit=True)
+            return
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
         hang_timeout = self.watch.hang_timeout
         stalled = hang_timeout > 0 and stalled_for > allowance(state, hang_timeout)
@@ -328,6 +358,13 @@ class Watchdog:
             f"stacks of every thread: {self.watch.run_dir / 'stacks-rank*.txt'}"
         )
 
+    def stop_cause(self) -> str:
+        return (
+            f"SIGTERM: the run stopped at global step {self.stopping_step} but did not end within "
+            f"preempt_grace={self.watch.preempt_grace:g} s; stacks of every thread: "
+            f"{self.watch.run_dir / f'stacks-rank{self.rank}.txt'}"
+        )
+
     def end(self, kind: str, cause: str) -> None:
         """Stacks, summary.json (rank 0), the line, and the end of this process and its children."""
         if not self.ending.acquire(blocking=False):
@@ -348,9 +385,12 @@ class Watchdog:
             )
             reason = f"{cause}; every rank stopped; {kept}"
             status = "failed"
-        else:
+        elif kind == "preempt":
             resumes = self.resume_point()
             reason = f"{cause}; no preempted checkpoint was written; the next attempt resumes from {resumes}"
+            status = "interrupted"
+        else:  # "stop": stuck on the way out; preempted.ckpt is the newest checkpoint once written
+            reason = f"{cause}; the next attempt resumes from {self.resume_point()}"
             status = "interrupted"
         log.error(reason)
         if self.trainer.is_global_zero:
@@ -407,6 +447,16 @@ class Watchdog:
 
 
 _current: Watchdog | None = None  # this process's newest
+
+
+def stop_watching() -> None:
+    """Called once the outcome of a run that stopped for a SIGTERM is recorded (summary.json, its
+    line): the watch of its stop ends; a process that goes on (a notebook) is not ended later."""
+    watchdog = _current
+    if watchdog is not None and watchdog.stopping_at is not None:
+        with watchdog.arming:
+            watchdog.stop()
+            faulthandler.cancel_dump_traceback_later()
 
 
 def follow_an_ending_run() -> None:

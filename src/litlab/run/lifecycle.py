@@ -123,6 +123,9 @@ class Run:
                     trainer.global_step,
                     PREEMPTED_EXIT_CODE,
                 )
+                from litlab.launch.hangs import stop_watching
+
+                stop_watching()  # recorded: what is left is the exit
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error
             raise
 
