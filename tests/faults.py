@@ -523,14 +523,14 @@ class HoldWhileFileExists(Callback):
 
 
 class BlockWhileStopping(Callback):
-    """Blocks for good in ``on_exception`` once Lightning stops fitting for a SIGTERM, after litlab's
-    callbacks wrote preempted.ckpt (they run before yours), as a call into a store whose host is gone
-    does: the run must end all the same. Prints ``tests.faults: blocking while stopping`` first."""
+    """Blocks in ``on_exception`` once Lightning stops fitting for a SIGTERM, after litlab's callbacks
+    wrote preempted.ckpt (they run before yours), as a call into a store whose host is gone does: the
+    run must end all the same. Prints ``tests.faults: blocking while stopping`` first. ``HOLD_S`` at
+    most: where nothing ends the run, the test fails by its assertions, not by a hang."""
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if isinstance(exception, SIGTERMException):
             print("tests.faults: blocking while stopping", flush=True)
-            while True:
-                time.sleep(1)
+            time.sleep(HOLD_S)
