@@ -534,3 +534,28 @@ class BlockWhileStopping(Callback):
         if isinstance(exception, SIGTERMException):
             print("tests.faults: blocking while stopping", flush=True)
             time.sleep(HOLD_S)
+
+
+class SigtermAgainWhileStopping(Callback):
+    """Once Lightning stops fitting for a SIGTERM, sends this process another SIGTERM right after
+    Lightning's teardown put back the signal handlers of before the fit (summary.json is still to
+    be written), as a dying sweep's threads do, each through ``PR_SET_PDEATHSIG``. Prints
+    ``tests.faults: SIGTERM again`` first."""
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        import threading
+
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if not isinstance(exception, SIGTERMException):
+            return
+        connector = trainer._signal_connector
+
+        def again() -> None:
+            deadline = time.monotonic() + HOLD_S
+            while connector._original_handlers and time.monotonic() < deadline:  # emptied by its teardown
+                time.sleep(0.001)
+            print("tests.faults: SIGTERM again", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=again, daemon=True).start()

@@ -250,6 +250,29 @@ def test_a_run_that_blocks_while_stopping_for_sigterm_exits_143_naming_its_check
     assert summary(run_dirs(log_dir)[-1])["resumed_count"] == 1
 
 
+def test_a_second_sigterm_while_the_run_stops_does_not_end_it_before_its_summary(tmp_path):
+    # A sweep job gets SIGTERM once per thread of its dying sweep (PR_SET_PDEATHSIG): one may come
+    # after Lightning's teardown put back the default action, before summary.json is written.
+    log_dir = tmp_path / "logs"
+    again = "+callbacks.again._target_=tests.faults.SigtermAgainWhileStopping"
+    args = ["model=mlp", *STEPS, "+callbacks.hold._target_=tests.faults.HoldAt", again]
+    env = env_for(log_dir, LITLAB_TEST_HOLD_AT="SIGTERM:3")
+
+    status, output, _ = run_until(
+        "tests.faults: holding at step 3", args, env, then=lambda p: p.send_signal(signal.SIGTERM)
+    )
+
+    assert status == 143, output[-3000:]
+    assert (
+        "tests.faults: SIGTERM again" in output
+        and "SIGTERM again on rank 0: the run is already stopping" in output
+    )
+    assert "SIGTERM: stopped at global step 3, exiting with status 143" in output
+    (run,) = run_dirs(log_dir)
+    assert summary(run)["status"] == "interrupted"
+    assert checkpoint_step(log_dir, "preempted.ckpt") == 3
+
+
 def test_a_logger_that_refuses_its_tracking_uri_fails_in_one_line(tmp_path):
     log_dir = tmp_path / "logs"
     uri = f"file://{tmp_path}/mlruns"

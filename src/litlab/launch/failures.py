@@ -19,7 +19,9 @@ launching process 0-5 s after a child exits non-zero, in the middle of whatever 
 SIGTERM (a spot VM, Slurm) reaches any subset of the ranks. ``StopTogetherOnSigterm`` only notes it;
 after every training batch the ranks agree (one all-reduce) and stop at the same batch boundary,
 where ``PreemptionCheckpoint`` writes ``preempted.ckpt``. Lightning's own handler broadcasts from
-inside the signal handler, which pairs with whatever collective the other ranks are in.
+inside the signal handler, which pairs with whatever collective the other ranks are in. A SIGTERM
+may come more than once (a sweep job's ``PR_SET_PDEATHSIG`` fires once per thread of the dying
+sweep): one that comes while the run stops is noted, and the stop goes on to summary.json.
 
 A rank that is alive but stuck, and a SIGTERM whose ranks cannot reach that boundary in time, are
 ``litlab.launch.hangs``'s.
@@ -361,11 +363,45 @@ class StopTogetherOnSigterm(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         self.requested = self.requeue = self.at_epoch_end = False
-        signal.signal(signal.SIGTERM, lambda signum, frame: self._note(trainer, "SIGTERM"))
+        signals = [signal.SIGTERM]
         environment = trainer._accelerator_connector.cluster_environment
         if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
-            requeue_signal = environment.requeue_signal
-            signal.signal(requeue_signal, lambda signum, frame: self._note(trainer, requeue_signal.name))
+            signals.append(environment.requeue_signal)
+        for signum in signals:
+            name = signal.Signals(signum).name
+            signal.signal(signum, lambda number, frame, name=name: self._note(trainer, name))
+            self._keep_through_the_stop(trainer, signum)
+
+    def _keep_through_the_stop(self, trainer: L.Trainer, signum: int) -> None:
+        """Lightning's teardown, after a stop, puts back the handler of before the fit (the default
+        action: the process ends at once): the same signal again would end the run between
+        preempted.ckpt and summary.json, without a word. What it puts back is a handler that notes
+        the signal while a stop is under way, and otherwise does what that handler did
+        (``restore_signal_handlers`` puts that one back once the run's outcome is recorded)."""
+        originals = getattr(trainer._signal_connector, "_original_handlers", None)
+        before = originals.get(signum) if isinstance(originals, dict) else None
+        if before is None:  # a handler not installed from Python: left to Lightning
+            return
+        _handlers_before_fit.setdefault(signum, before)
+
+        def while_stopping(number: int, frame: Any) -> None:
+            if self.requested:
+                log.warning(
+                    "%s again on rank %d: the run is already stopping",
+                    signal.Signals(number).name,
+                    trainer.global_rank,
+                )
+            elif callable(before):
+                before(number, frame)
+            elif before != signal.SIG_IGN:  # the default action, as without this handler
+                signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
+
+        originals[signum] = while_stopping
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # fitting ended without a stop: the handlers of before the fit
+            restore_signal_handlers()
 
     def _note(self, trainer: L.Trainer, name: str) -> None:
         self.requested = True
@@ -406,6 +442,18 @@ class StopTogetherOnSigterm(Callback):
         trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
         if self.requeue and trainer.is_global_zero:
             atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
+
+
+_handlers_before_fit: dict[int, Any] = {}  # what StopTogetherOnSigterm's handlers stand in for
+
+
+def restore_signal_handlers() -> None:
+    """The signal handlers of before the fit, in place of those that note a signal while a stop is
+    under way: called once a stopped run's outcome is recorded (and when fitting ends)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in _handlers_before_fit.items():
+            signal.signal(signum, handler)
+    _handlers_before_fit.clear()
 
 
 def _epoch_ending(trainer: L.Trainer) -> bool:

@@ -29,7 +29,9 @@ Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole 
 ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 143 (as a single run
 stopped by SIGTERM does: preempted, the same command resumes). The same command again skips the
 completed jobs and resumes the others from their checkpoints. A sweep killed outright (SIGKILL)
-takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``).
+takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``), once
+per thread of the sweep as its threads end one by one, spread out under load: a job takes a SIGTERM
+that comes again while it stops (``litlab.launch.failures.StopTogetherOnSigterm``).
 """
 
 from __future__ import annotations

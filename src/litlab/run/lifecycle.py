@@ -123,9 +123,11 @@ class Run:
                     trainer.global_step,
                     PREEMPTED_EXIT_CODE,
                 )
+                from litlab.launch.failures import restore_signal_handlers
                 from litlab.launch.hangs import stop_watching
 
                 stop_watching()  # recorded: what is left is the exit
+                restore_signal_handlers()
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error
             raise
 
