@@ -16,15 +16,23 @@ cold. What it does not repeat is the interpreter's start and those libraries' im
   Lightning's import does to the environment, warnings printed while importing) starts cold:
   ``litlab(..., cold=True)``, as the README commands, ``make`` targets and the bench always do.
 
+Sweep jobs: the device pool starts each job as ``python -m litlab.cli.train ...``. In the commands
+the tests start warm, tests/warm_jobs/sitecustomize.py has that process hand its command to a server
+of its own import-time environment (``run_job_warm``) and stand for the warm child until it ends: it
+passes on the signals it gets (the pool's SIGTERM to the job's process group), and exits as the child
+did; the child takes the job's CPU cores and ends when its stand-in does. The first job of an
+environment starts that server and runs cold; ranks, cluster tasks and the bench never hand over.
+
 Server protocol, over a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
-new_session) with its stdin, stdout and stderr passed as file descriptors; the server answers the
-child's pid, then its wait status when it ends.
+new_session, affinity) with its stdin, stdout and stderr (and a job's stand-in pipe) passed as file
+descriptors; the server answers the child's pid, then its wait status when it ends.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -194,6 +202,11 @@ class WarmStarts:
             raise
         return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
+    def job_servers(self) -> str:
+        """LITLAB_TEST_WARM_JOBS: where sweep jobs find (or start) their servers, and the process
+        whose end ends those servers (this one)."""
+        return f"{self._folder}:{os.getpid()}"
+
     def _server(self, key: tuple[tuple[str, str], ...]) -> str:
         with self._lock:
             if key in self._servers:
@@ -231,12 +244,17 @@ class WarmStarts:
 # --- the server: ``python tests/warm.py SOCKET`` --------------------------------------------------
 
 
-def serve(path: str) -> None:
+def serve(path: str, owner: int | None = None) -> None:
+    """Serve warm children at ``path`` until stdin closes, or (a sweep jobs' server) until the test
+    process ``owner`` ends."""
+    if owner is not None:  # started by a job pinned to its cores: children take their own
+        os.sched_setaffinity(0, os.sched_getaffinity(owner))
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(path + ".binding")
     listener.listen(16)
+    os.rename(path + ".binding", path)  # clients see the socket once it listens
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -244,12 +262,15 @@ def serve(path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
-    selector.register(sys.stdin, selectors.EVENT_READ)
+    if owner is None:
+        selector.register(sys.stdin, selectors.EVENT_READ)
     waiting: dict[int, socket.socket] = {}
     print("ready", flush=True)
     sys.stderr.flush()
     while True:
-        for key, _ in selector.select():
+        if owner is not None and not _alive(owner):
+            return
+        for key, _ in selector.select(timeout=None if owner is None else 1.0):
             if key.fileobj is sys.stdin:  # the test process closed it, or ended
                 return
             if key.fileobj == wake_read:
@@ -257,7 +278,7 @@ def serve(path: str) -> None:
                 _reap(waiting)
                 continue
             connection, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 4)
             pid = os.fork()
             if pid == 0:
                 selector.close()
@@ -298,20 +319,131 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
     connection.close()
     if request["new_session"]:
         os.setsid()
-    for target, fd in enumerate(fds):
+    stand_in = fds[3] if len(fds) > 3 else None
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
-    for fd in set(fds):
-        if fd > 2:
+    for fd in set(fds[:3]):
+        if fd > 2 and fd != stand_in:
             os.close(fd)
+    if request.get("affinity"):
+        os.sched_setaffinity(0, request["affinity"])
+    if stand_in is not None:  # a sweep job's: it ends, with its ranks, when its stand-in does
+        threading.Thread(
+            target=_end_with_stand_in, args=(stand_in,), name="warm-job-stand-in", daemon=True
+        ).start()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _reseed_numpy()
+    if request["argv"][0] == "-m":  # python -m MODULE ARGS (a sweep job)
+        import setproctitle  # a dev dependency (mutmut's)
+
+        # Its command line, as ps and pgrep show a cold job's.
+        setproctitle.setproctitle(" ".join([sys.executable, *request["argv"]]))
+        sys.argv = ["-m", *request["argv"][2:]]
+        sys.path[0] = request["cwd"]  # as a cold `python -m` has it
+        runpy.run_module(request["argv"][1], run_name="__main__", alter_sys=True)
+        sys.exit(0)
     script = request["argv"][0]
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as a cold `python SCRIPT` has it
-    _reseed_numpy()
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
+
+
+def _end_with_stand_in(fd: int) -> None:
+    while os.read(fd, 64):
+        pass
+    os.killpg(os.getpid(), signal.SIGKILL)  # the stand-in was killed: so is the job, as one process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- a sweep job's stand-in: tests/warm_jobs/sitecustomize.py -----------------------------------
+
+# Set by a cluster or a launcher in a rank's or task's process: those start cold, as they are.
+_RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+_RANK_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "LSB_", "JSM_")
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+
+
+def run_job_warm(setting: str) -> None:
+    """In a sweep job's process, before its command imports anything: run the command as a warm child
+    and exit as it did. Returns (the job runs cold) in a rank's or a cluster task's process, and
+    when no server of this environment is ready, after starting one for the jobs that follow.
+    ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py)."""
+    env = dict(os.environ)
+    if any(k in env for k in _RANK_VARIABLES) or any(k.startswith(_RANK_PREFIXES) for k in env):
+        return
+    folder, owner = setting.rsplit(":", 1)
+    name = hashlib.sha256(repr(import_time_environment(env)).encode()).hexdigest()[:16]
+    path = os.path.join(folder, f"jobs-{name}.sock")
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(path)
+    except OSError:
+        connection.close()
+        _start_job_server(path, int(owner))
+        return
+    stand_in_read, stand_in_write = os.pipe()
+    request = {
+        "argv": sys.orig_argv[1:],
+        "env": env,
+        "cwd": os.getcwd(),
+        "new_session": True,  # the child's group: itself and its ranks, as the pool's job has
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2, stand_in_read])
+    os.close(stand_in_read)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:
+            raise RuntimeError(f"the warm-start server at {path} refused {sys.orig_argv}")
+        answer += chunk
+    child = int(answer)
+
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signum)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:
+            raise RuntimeError(f"the warm-start server ended before its child {child} did")
+        answer += chunk
+    code = os.waitstatus_to_exitcode(int(answer))
+    if code < 0:  # killed by a signal: so is the stand-in
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def _start_job_server(path: str, owner: int) -> None:
+    """Start the server of this environment unless another job has; it ends with the test process."""
+    try:
+        os.close(os.open(path + ".starting", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    with open(path + ".log", "w") as log:
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), path, str(owner)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
 
 
 def _reseed_numpy() -> None:
@@ -323,5 +455,5 @@ def _reseed_numpy() -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
     sys.exit(0)
