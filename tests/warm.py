@@ -65,6 +65,7 @@ PRELOAD = (
 IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA", "LD_")
 IMPORT_TIME += ("LANG", "LC_", "TZ")
 SERVER_START_S = 120
+JOB_SERVER_IDLE_S = 300  # a sweep jobs' server with no child for this long ends (its memory back)
 
 
 def import_time_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -246,7 +247,7 @@ class WarmStarts:
 
 def serve(path: str, owner: int | None = None) -> None:
     """Serve warm children at ``path`` until stdin closes, or (a sweep jobs' server) until the test
-    process ``owner`` ends."""
+    process ``owner`` ends or it has been idle for JOB_SERVER_IDLE_S."""
     if owner is not None:  # started by a job pinned to its cores: children take their own
         os.sched_setaffinity(0, os.sched_getaffinity(owner))
     for name in PRELOAD:
@@ -267,8 +268,14 @@ def serve(path: str, owner: int | None = None) -> None:
     waiting: dict[int, socket.socket] = {}
     print("ready", flush=True)
     sys.stderr.flush()
+    last_busy = time.monotonic()
     while True:
-        if owner is not None and not _alive(owner):
+        if waiting:
+            last_busy = time.monotonic()
+        if owner is not None and (not _alive(owner) or time.monotonic() - last_busy > JOB_SERVER_IDLE_S):
+            for name in (path, path + ".starting"):  # the next job starts a new server
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
             return
         for key, _ in selector.select(timeout=None if owner is None else 1.0):
             if key.fileobj is sys.stdin:  # the test process closed it, or ended
@@ -378,7 +385,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, sign
 def run_job_warm(setting: str) -> None:
     """In a sweep job's process, before its command imports anything: run the command as a warm child
     and exit as it did. Returns (the job runs cold) in a rank's or a cluster task's process, and
-    when no server of this environment is ready, after starting one for the jobs that follow.
+    when the server of this environment cannot start.
     ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py)."""
     env = dict(os.environ)
     if any(k in env for k in _RANK_VARIABLES) or any(k.startswith(_RANK_PREFIXES) for k in env):
@@ -386,12 +393,8 @@ def run_job_warm(setting: str) -> None:
     folder, owner = setting.rsplit(":", 1)
     name = hashlib.sha256(repr(import_time_environment(env)).encode()).hexdigest()[:16]
     path = os.path.join(folder, f"jobs-{name}.sock")
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(path)
-    except OSError:
-        connection.close()
-        _start_job_server(path, int(owner))
+    connection = _job_server(path, int(owner))
+    if connection is None:
         return
     stand_in_read, stand_in_write = os.pipe()
     request = {
@@ -406,8 +409,10 @@ def run_job_warm(setting: str) -> None:
     answer = b""
     while not answer.endswith(b"\n"):
         chunk = connection.recv(64)
-        if not chunk:
-            raise RuntimeError(f"the warm-start server at {path} refused {sys.orig_argv}")
+        if not chunk:  # the server ended (idle) before it forked: the job runs cold
+            connection.close()
+            os.close(stand_in_write)
+            return
         answer += chunk
     child = int(answer)
 
@@ -420,8 +425,9 @@ def run_job_warm(setting: str) -> None:
     answer = b""
     while not answer.endswith(b"\n"):
         chunk = connection.recv(64)
-        if not chunk:
-            raise RuntimeError(f"the warm-start server ended before its child {child} did")
+        if not chunk:  # never the job run twice: it ends here (its child with it)
+            print(f"tests/warm.py: the job server ended before its child {child} did", file=sys.stderr)
+            os._exit(1)
         answer += chunk
     code = os.waitstatus_to_exitcode(int(answer))
     if code < 0:  # killed by a signal: so is the stand-in
@@ -430,20 +436,38 @@ def run_job_warm(setting: str) -> None:
     os._exit(code & 0xFF)
 
 
-def _start_job_server(path: str, owner: int) -> None:
-    """Start the server of this environment unless another job has; it ends with the test process."""
-    try:
-        os.close(os.open(path + ".starting", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return
-    with open(path + ".log", "w") as log:
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), path, str(owner)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,
-        )
+def _job_server(path: str, owner: int) -> socket.socket | None:
+    """A connection to the server of this environment, which the first job that needs it starts (the
+    others wait, at most as long as a server takes to start); None if it cannot start."""
+    server: subprocess.Popen | None = None
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+            return connection
+        except OSError:
+            connection.close()
+        if os.path.exists(path + ".failed"):
+            return None
+        if server is None and not os.path.exists(path + ".starting"):
+            try:
+                os.close(os.open(path + ".starting", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+            with open(path + ".log", "w") as log:
+                server = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), path, str(owner)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        elif server is not None and server.poll() is not None:
+            Path(path + ".failed").touch()  # its log says why; every job of it runs cold
+            return None
+        time.sleep(0.1)
+    return None
 
 
 def _reseed_numpy() -> None:
