@@ -16,12 +16,14 @@ cold. What it does not repeat is the interpreter's start and those libraries' im
   Lightning's import does to the environment, warnings printed while importing) starts cold:
   ``litlab(..., cold=True)``, as the README commands, ``make`` targets and the bench always do.
 
-Sweep jobs: the device pool starts each job as ``python -m litlab.cli.train ...``. In the commands
-the tests start warm, tests/warm_jobs/sitecustomize.py has that process hand its command to a server
-of its own import-time environment (``run_job_warm``) and stand for the warm child until it ends: it
-passes on the signals it gets (the pool's SIGTERM to the job's process group), and exits as the child
-did; the child takes the job's CPU cores and ends when its stand-in does. The first job of an
-environment starts that server and runs cold; ranks, cluster tasks and the bench never hand over.
+Sweep jobs and ranks: the device pool starts each job as ``python -m litlab.cli.train ...``,
+Lightning each rank but rank 0 as the command with LOCAL_RANK set. In the commands the tests start
+warm, tests/warm_jobs/sitecustomize.py has such a process hand its command to a server of its own
+import-time environment (``run_job_warm``) and stand for the warm child until it ends: it passes on
+the signals it gets (the pool's SIGTERM to the job's process group), and exits as the child did; the
+child takes its CPU cores and its command line, and ends when its stand-in does. The first process
+of an environment starts that server and waits for it. Tasks of torchrun, Slurm or submitit, and
+everything the bench starts, run cold.
 
 Server protocol, over a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
 new_session, affinity) with its stdin, stdout and stderr (and a job's stand-in pipe) passed as file
@@ -334,7 +336,7 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
             os.close(fd)
     if request.get("affinity"):
         os.sched_setaffinity(0, request["affinity"])
-    if stand_in is not None:  # a sweep job's: it ends, with its ranks, when its stand-in does
+    if stand_in is not None:  # a job's or a rank's: it ends (with its ranks) when its stand-in does
         threading.Thread(
             target=_end_with_stand_in, args=(stand_in,), name="warm-job-stand-in", daemon=True
         ).start()
@@ -342,11 +344,12 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
     os.environ.clear()
     os.environ.update(request["env"])
     _reseed_numpy()
-    if request["argv"][0] == "-m":  # python -m MODULE ARGS (a sweep job)
+    if stand_in is not None:
         import setproctitle  # a dev dependency (mutmut's)
 
-        # Its command line, as ps and pgrep show a cold job's.
+        # Its command line, as ps and pgrep show a cold one's.
         setproctitle.setproctitle(" ".join([sys.executable, *request["argv"]]))
+    if request["argv"][0] == "-m":  # python -m MODULE ARGS (a sweep job, or a rank of one)
         sys.argv = ["-m", *request["argv"][2:]]
         sys.path[0] = request["cwd"]  # as a cold `python -m` has it
         runpy.run_module(request["argv"][1], run_name="__main__", alter_sys=True)
@@ -376,19 +379,30 @@ def _alive(pid: int) -> bool:
 
 # --- a sweep job's stand-in: tests/warm_jobs/sitecustomize.py -----------------------------------
 
-# Set by a cluster or a launcher in a rank's or task's process: those start cold, as they are.
-_RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-_RANK_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "LSB_", "JSM_")
+# Set by a cluster or a launcher other than Lightning's (torchrun, Slurm, submitit, LSF, MPI): their
+# tasks' processes start cold, as they are.
+_CLUSTER_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "LSB_", "JSM_", "PMI_", "OMPI_")
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "GROUP_RANK")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
+def hands_over(env: dict[str, str]) -> bool:
+    """Whether a litlab command's process with this environment runs as a warm child: a rank other
+    than 0 that Lightning started (LOCAL_RANK), or a sweep job's process."""
+    if any(k.startswith(_CLUSTER_PREFIXES) for k in env):
+        return False
+    if "LOCAL_RANK" in env:
+        return env["LOCAL_RANK"] != "0"
+    return "LITLAB_SWEEP_JOB" in env and not any(k in env for k in _RANK_VARIABLES)
+
+
 def run_job_warm(setting: str) -> None:
-    """In a sweep job's process, before its command imports anything: run the command as a warm child
-    and exit as it did. Returns (the job runs cold) in a rank's or a cluster task's process, and
-    when the server of this environment cannot start.
+    """In the process of a litlab command, before it imports anything: if it is a sweep job's or a
+    Lightning rank's (``hands_over``), run the command as a warm child and exit as it did. Returns
+    (the command runs cold) otherwise, and when the server of this environment cannot start.
     ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py)."""
     env = dict(os.environ)
-    if any(k in env for k in _RANK_VARIABLES) or any(k.startswith(_RANK_PREFIXES) for k in env):
+    if not hands_over(env):
         return
     folder, owner = setting.rsplit(":", 1)
     name = hashlib.sha256(repr(import_time_environment(env)).encode()).hexdigest()[:16]

@@ -1,16 +1,14 @@
-"""Tests only (on PYTHONPATH of the commands tests/conftest.py starts warm): a sweep job's process that
-the device pool started as ``python -m litlab.cli.train ...`` hands its command to a warm-start
-server (tests/warm.py, ``run_job_warm``) instead of importing torch and Lightning again. Every other
-process, and a job when no server is ready yet, runs cold, untouched."""
+"""Tests only (on PYTHONPATH of the commands tests/conftest.py starts warm): the process of a sweep job
+(``python -m litlab.cli.train ...``, started by the device pool) or of a rank Lightning started hands
+its command to a warm-start server (tests/warm.py, ``run_job_warm``) instead of importing torch and
+Lightning again. Every other process runs cold, untouched."""
 
 import os
 import sys
 
-if (
-    os.environ.get("LITLAB_TEST_WARM_JOBS")
-    and "LITLAB_SWEEP_JOB" in os.environ  # a sweep job (litlab.launch.multirun.SWEEP_JOB_ENV)
-    and sys.orig_argv[1:2] == ["-m"]
-    and sys.orig_argv[2:3] in (["litlab.cli.train"], ["litlab.cli.eval"])
+if os.environ.get("LITLAB_TEST_WARM_JOBS") and (
+    sys.orig_argv[1:3] in (["-m", "litlab.cli.train"], ["-m", "litlab.cli.eval"])
+    or os.path.basename(sys.orig_argv[1] if len(sys.orig_argv) > 1 else "") in ("litlab-train", "litlab-eval")
 ):
     import importlib.util
 
