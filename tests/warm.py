@@ -445,8 +445,10 @@ def run_job_warm(setting: str) -> None:
         answer += chunk
     code = os.waitstatus_to_exitcode(int(answer))
     if code < 0:  # killed by a signal: so is the stand-in
-        signal.signal(-code, signal.SIG_DFL)
+        if -code in _FORWARDED:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal whose default is not to end a process
     os._exit(code & 0xFF)
 
 
