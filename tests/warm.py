@@ -445,7 +445,7 @@ def run_job_warm(setting: str) -> None:
         answer += chunk
     code = os.waitstatus_to_exitcode(int(answer))
     if code < 0:  # killed by a signal: so is the stand-in
-        if -code in _FORWARDED:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor needs to be
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         os._exit(128 - code)  # a signal whose default is not to end a process
