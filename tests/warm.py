@@ -210,6 +210,36 @@ class WarmStarts:
         whose end ends those servers (this one)."""
         return f"{self._folder}:{os.getpid()}"
 
+    def job_children(self, grace_s: float = 2.0) -> list[Any]:
+        """The warm children of this process's job servers still alive after ``grace_s``: sweep jobs
+        and ranks that outlived their stand-ins (which a check for leftover processes of a run's
+        process group cannot see: a warm child is in its server's session). psutil processes."""
+        import psutil
+
+        deadline = time.monotonic() + grace_s
+        prefix = os.path.join(self._folder, "jobs-")
+        while True:
+            processes = {p.pid: p for p in psutil.process_iter(["pid", "ppid", "status", "cmdline"])}
+            servers = {
+                pid
+                for pid, p in processes.items()
+                if any(a.startswith(prefix) for a in p.info["cmdline"] or ())
+            }
+            alive = []  # their children, and everything those started (DataLoader workers...)
+            for pid, process in processes.items():
+                parent = process.info["ppid"]
+                while parent in processes and parent not in servers:
+                    parent = processes[parent].info["ppid"]
+                if (
+                    parent in servers
+                    and pid not in servers
+                    and process.info["status"] != psutil.STATUS_ZOMBIE
+                ):
+                    alive.append(process)
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.1)
+
     def _server(self, key: tuple[tuple[str, str], ...]) -> str:
         with self._lock:
             if key in self._servers:

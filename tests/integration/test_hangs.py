@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from litlab.storage.resume import load_point
-from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, start_litlab, summary
+from tests.conftest import FAULTS_IMPORTABLE, TINY, WARM, litlab, ok, run_dirs, start_litlab, summary
 from tests.integration.test_storage_faults import _pid_listening_on
 
 pytestmark = pytest.mark.slow
@@ -67,6 +67,7 @@ def run_until(marker: str, args: list[str], env: dict[str, str], then=None) -> t
     output = "".join(seen)
     assert marked is not None, f"never reached {marker!r}:\n{output[-3000:]}"
     leftovers = [p for p in psutil.process_iter(["pid", "status", "cmdline"]) if _in_group(p, process.pid)]
+    leftovers += WARM.job_children()  # warm ranks, in their server's session (tests/warm.py)
     for leftover in leftovers:
         leftover.kill()
     assert not leftovers, f"processes of the run outlived it: {[p.info for p in leftovers]}\n{output[-3000:]}"
