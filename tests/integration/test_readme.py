@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import BIN, REPO, TINY, WARM, ok, run_dirs
+from tests.conftest import BIN, REPO, TINY, WARM, command_env, ok, run_dirs
 
 # Tiny runs, and small batches: the README's resnet on 3x32x32 images takes ~1 s a batch of 64 on a CPU.
 SMALL = [*TINY, "data.batch_size=16"]
@@ -40,7 +40,8 @@ def test_readme_commands_work(log_dir):
         argv = shlex.split(command)
         if argv[0].startswith("litlab-"):  # a console script, found on PATH as the shell finds it
             argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
-            result = WARM.run(argv, env, REPO, timeout=300)
+            # Warm, and so are the ranks it starts (tests/warm.py); make and python -m start cold.
+            result = WARM.run(argv, command_env(env, warm_jobs=True), REPO, timeout=300)
         else:  # make, python -m: as typed
             result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         ok(result)
