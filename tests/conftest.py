@@ -98,8 +98,8 @@ def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # Console scripts started by tests are forked from a server that has imported torch, Lightning and
-# Hydra (tests/warm.py): a real process of its own, minus ~5 s of imports. cold=True for a test of
-# what happens while a process starts.
+# Hydra (tests/warm.py): a real process of its own, minus ~5 s of imports; so are the sweep jobs and
+# DDP ranks those start. cold=True for a test of what happens while a process starts.
 WARM = WarmStarts()
 
 

@@ -6,8 +6,8 @@ about a hundred such processes.
 A warm child is a process of its own, as a cold one is: its own pid (and session when asked), the
 environment, arguments, working directory and stdin/stdout/stderr of the request; it runs the console
 script from its first line, so litlab and your project are imported in it, after its environment is
-set; every process it starts (Lightning's DDP ranks, sweep jobs in a process of their own) starts
-cold. What it does not repeat is the interpreter's start and those libraries' imports. So:
+set; the processes it starts start as below (Sweep jobs and ranks). What it does not repeat is the
+interpreter's start and those libraries' imports. So:
 
 - the server is started with the request's import-time environment (``IMPORT_TIME`` variables:
   the interpreter's, torch's threading and CUDA ones, the locale); a request that differs gets a
