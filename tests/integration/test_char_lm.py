@@ -99,8 +99,7 @@ def test_precision_accumulation_sweep_reports_tokens_per_second_and_ranks_by_low
         tmp_path,
         "experiment=char_lm",
         "sweep=precision_accumulation",
-        # Two jobs, fp32 (bf16 on a CPU is slow for its attention): two val losses to rank; the
-        # report's precision axis is tests/integration/test_sweeps.py's.
+        # Two fp32 jobs: two val losses to rank (the report's precision axis: test_sweeps.py).
         "precision=fp32",
         "trainer.accumulate_grad_batches=1,2",
         "trainer.max_epochs=1",
