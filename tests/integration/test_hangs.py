@@ -232,9 +232,7 @@ def test_a_logger_that_refuses_its_tracking_uri_fails_in_one_line(tmp_path):
 
 def test_multirun_flag_in_the_middle_of_the_command(tmp_path):
     log_dir = tmp_path / "logs"
-    result = litlab(
-        "litlab-train", "model=mlp", *TINY, "-m", "seed=1", env={"LITLAB_LOG_DIR": str(log_dir)}
-    )
+    result = litlab("litlab-train", "model=mlp", *TINY, "-m", "seed=1", env={"LITLAB_LOG_DIR": str(log_dir)})
     ok(result)
     # One job is enough: a multirun (its run under multiruns/), not a single run.
     summaries = [json.loads(p.read_text()) for p in log_dir.glob("**/multiruns/**/summary.json")]
