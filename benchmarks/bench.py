@@ -109,12 +109,13 @@ class Settings:
             steps=dict.fromkeys(STEP_CASES, 30),
             warmup_steps=5,
             cases=("cnn-digits",),
-            pool_holds=(1, 0.5, 0),
+            # Two jobs, both at once: what the sweep section computes needs no more processes.
+            pool_holds=(0.5, 0),
             pool_overrides=("model=mlp", *TINY_RUN),
             grid_overrides=(
                 "sweep=precision_accumulation",
                 "precision=fp32",
-                "trainer.accumulate_grad_batches=1,2",
+                "trainer.accumulate_grad_batches=1",
                 *TINY_RUN,
             ),
             grid_devices=(2,),

@@ -98,15 +98,22 @@ def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # Console scripts started by tests are forked from a server that has imported torch, Lightning and
-# Hydra (tests/warm.py): a real process of its own, minus ~5 s of imports. cold=True for a test of
-# what happens while a process starts.
+# Hydra (tests/warm.py): a real process of its own, minus ~5 s of imports; so are the sweep jobs and
+# DDP ranks those start. cold=True for a test of what happens while a process starts.
 WARM = WarmStarts()
 
 
-def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a litlab command a test starts: this process's, unbuffered, plus ``env``."""
+def command_env(env: dict[str, str] | None = None, warm_jobs: bool = False) -> dict[str, str]:
+    """The environment of a litlab command a test starts: this process's, unbuffered, plus ``env``.
+    ``warm_jobs``: its sweep jobs' processes start warm too (tests/warm_jobs/sitecustomize.py)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("HYDRA_FULL_ERROR", None)
+    if warm_jobs:
+        full_env["LITLAB_TEST_WARM_JOBS"] = WARM.job_servers()
+        path = [str(REPO / "tests" / "warm_jobs"), full_env.get("PYTHONPATH")]
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    else:
+        full_env.pop("LITLAB_TEST_WARM_JOBS", None)
     return full_env
 
 
@@ -121,7 +128,7 @@ def litlab(
     """Run a litlab console script (litlab-train, litlab-eval, litlab-compare) and capture its output."""
     argv = [str(BIN / command), *args]
     if not cold:
-        return WARM.run(argv, command_env(env), cwd, timeout)
+        return WARM.run(argv, command_env(env, warm_jobs=True), cwd, timeout)
     return subprocess.run(
         argv, capture_output=True, text=True, env=command_env(env), timeout=timeout, cwd=cwd
     )
@@ -140,7 +147,7 @@ def start_litlab(
     send_signal, kill, communicate)."""
     return WARM.popen(
         [str(BIN / command), *args],
-        command_env(env),
+        command_env(env, warm_jobs=True),
         cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,

@@ -6,8 +6,8 @@ about a hundred such processes.
 A warm child is a process of its own, as a cold one is: its own pid (and session when asked), the
 environment, arguments, working directory and stdin/stdout/stderr of the request; it runs the console
 script from its first line, so litlab and your project are imported in it, after its environment is
-set; every process it starts (Lightning's DDP ranks, sweep jobs in a process of their own) starts
-cold. What it does not repeat is the interpreter's start and those libraries' imports. So:
+set; the processes it starts start as below (Sweep jobs and ranks). What it does not repeat is the
+interpreter's start and those libraries' imports. So:
 
 - the server is started with the request's import-time environment (``IMPORT_TIME`` variables:
   the interpreter's, torch's threading and CUDA ones, the locale); a request that differs gets a
@@ -16,15 +16,25 @@ cold. What it does not repeat is the interpreter's start and those libraries' im
   Lightning's import does to the environment, warnings printed while importing) starts cold:
   ``litlab(..., cold=True)``, as the README commands, ``make`` targets and the bench always do.
 
+Sweep jobs and ranks: the device pool starts each job as ``python -m litlab.cli.train ...``,
+Lightning each rank but rank 0 as the command with LOCAL_RANK set. In the commands the tests start
+warm, tests/warm_jobs/sitecustomize.py has such a process hand its command to a server of its own
+import-time environment (``run_job_warm``) and stand for the warm child until it ends: it passes on
+the signals it gets (the pool's SIGTERM to the job's process group), and exits as the child did; the
+child takes its CPU cores and its command line, and ends when its stand-in does. The first process
+of an environment starts that server and waits for it. Tasks of torchrun, Slurm or submitit, and
+everything the bench starts, run cold.
+
 Server protocol, over a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
-new_session) with its stdin, stdout and stderr passed as file descriptors; the server answers the
-child's pid, then its wait status when it ends.
+new_session, affinity) with its stdin, stdout and stderr (and a job's stand-in pipe) passed as file
+descriptors; the server answers the child's pid, then its wait status when it ends.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -57,6 +67,7 @@ PRELOAD = (
 IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA", "LD_")
 IMPORT_TIME += ("LANG", "LC_", "TZ")
 SERVER_START_S = 120
+JOB_SERVER_IDLE_S = 300  # a sweep jobs' server with no child for this long ends (its memory back)
 
 
 def import_time_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -194,6 +205,41 @@ class WarmStarts:
             raise
         return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
+    def job_servers(self) -> str:
+        """LITLAB_TEST_WARM_JOBS: where sweep jobs find (or start) their servers, and the process
+        whose end ends those servers (this one)."""
+        return f"{self._folder}:{os.getpid()}"
+
+    def job_children(self, grace_s: float = 2.0) -> list[Any]:
+        """The warm children of this process's job servers still alive after ``grace_s``: sweep jobs
+        and ranks that outlived their stand-ins (which a check for leftover processes of a run's
+        process group cannot see: a warm child is in its server's session). psutil processes."""
+        import psutil
+
+        deadline = time.monotonic() + grace_s
+        prefix = os.path.join(self._folder, "jobs-")
+        while True:
+            processes = {p.pid: p for p in psutil.process_iter(["pid", "ppid", "status", "cmdline"])}
+            servers = {
+                pid
+                for pid, p in processes.items()
+                if any(a.startswith(prefix) for a in p.info["cmdline"] or ())
+            }
+            alive = []  # their children, and everything those started (DataLoader workers...)
+            for pid, process in processes.items():
+                parent = process.info["ppid"]
+                while parent in processes and parent not in servers:
+                    parent = processes[parent].info["ppid"]
+                if (
+                    parent in servers
+                    and pid not in servers
+                    and process.info["status"] != psutil.STATUS_ZOMBIE
+                ):
+                    alive.append(process)
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.1)
+
     def _server(self, key: tuple[tuple[str, str], ...]) -> str:
         with self._lock:
             if key in self._servers:
@@ -231,12 +277,17 @@ class WarmStarts:
 # --- the server: ``python tests/warm.py SOCKET`` --------------------------------------------------
 
 
-def serve(path: str) -> None:
+def serve(path: str, owner: int | None = None) -> None:
+    """Serve warm children at ``path`` until stdin closes, or (a sweep jobs' server) until the test
+    process ``owner`` ends or it has been idle for JOB_SERVER_IDLE_S."""
+    if owner is not None:  # started by a job pinned to its cores: children take their own
+        os.sched_setaffinity(0, os.sched_getaffinity(owner))
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(path + ".binding")
     listener.listen(16)
+    os.rename(path + ".binding", path)  # clients see the socket once it listens
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -244,12 +295,21 @@ def serve(path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
-    selector.register(sys.stdin, selectors.EVENT_READ)
+    if owner is None:
+        selector.register(sys.stdin, selectors.EVENT_READ)
     waiting: dict[int, socket.socket] = {}
     print("ready", flush=True)
     sys.stderr.flush()
+    last_busy = time.monotonic()
     while True:
-        for key, _ in selector.select():
+        if waiting:
+            last_busy = time.monotonic()
+        if owner is not None and (not _alive(owner) or time.monotonic() - last_busy > JOB_SERVER_IDLE_S):
+            for name in (path, path + ".starting"):  # the next job starts a new server
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+            return
+        for key, _ in selector.select(timeout=None if owner is None else 1.0):
             if key.fileobj is sys.stdin:  # the test process closed it, or ended
                 return
             if key.fileobj == wake_read:
@@ -257,7 +317,7 @@ def serve(path: str) -> None:
                 _reap(waiting)
                 continue
             connection, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 4)
             pid = os.fork()
             if pid == 0:
                 selector.close()
@@ -298,20 +358,162 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
     connection.close()
     if request["new_session"]:
         os.setsid()
-    for target, fd in enumerate(fds):
+    stand_in = fds[3] if len(fds) > 3 else None
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
-    for fd in set(fds):
-        if fd > 2:
+    for fd in set(fds[:3]):
+        if fd > 2 and fd != stand_in:
             os.close(fd)
+    if request.get("affinity"):
+        os.sched_setaffinity(0, request["affinity"])
+    if stand_in is not None:  # a job's or a rank's: it ends (with its ranks) when its stand-in does
+        threading.Thread(
+            target=_end_with_stand_in, args=(stand_in,), name="warm-job-stand-in", daemon=True
+        ).start()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _reseed_numpy()
+    if stand_in is not None:
+        import setproctitle  # a dev dependency (mutmut's)
+
+        # Its command line, as ps and pgrep show a cold one's.
+        setproctitle.setproctitle(" ".join([sys.executable, *request["argv"]]))
+    if request["argv"][0] == "-m":  # python -m MODULE ARGS (a sweep job, or a rank of one)
+        sys.argv = ["-m", *request["argv"][2:]]
+        sys.path[0] = request["cwd"]  # as a cold `python -m` has it
+        runpy.run_module(request["argv"][1], run_name="__main__", alter_sys=True)
+        sys.exit(0)
     script = request["argv"][0]
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as a cold `python SCRIPT` has it
-    _reseed_numpy()
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
+
+
+def _end_with_stand_in(fd: int) -> None:
+    while os.read(fd, 64):
+        pass
+    os.killpg(os.getpid(), signal.SIGKILL)  # the stand-in was killed: so is the job, as one process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- a sweep job's stand-in: tests/warm_jobs/sitecustomize.py -----------------------------------
+
+# Set by a cluster or a launcher other than Lightning's (torchrun, Slurm, submitit, LSF, MPI): their
+# tasks' processes start cold, as they are.
+_CLUSTER_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "LSB_", "JSM_", "PMI_", "OMPI_")
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "GROUP_RANK")
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+
+
+def hands_over(env: dict[str, str]) -> bool:
+    """Whether a litlab command's process with this environment runs as a warm child: a rank other
+    than 0 that Lightning started (LOCAL_RANK), or a sweep job's process."""
+    if any(k.startswith(_CLUSTER_PREFIXES) for k in env):
+        return False
+    if "LOCAL_RANK" in env:
+        return env["LOCAL_RANK"] != "0"
+    return "LITLAB_SWEEP_JOB" in env and not any(k in env for k in _RANK_VARIABLES)
+
+
+def run_job_warm(setting: str) -> None:
+    """In the process of a litlab command, before it imports anything: if it is a sweep job's or a
+    Lightning rank's (``hands_over``), run the command as a warm child and exit as it did. Returns
+    (the command runs cold) otherwise, and when the server of this environment cannot start.
+    ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py)."""
+    env = dict(os.environ)
+    if not hands_over(env):
+        return
+    folder, owner = setting.rsplit(":", 1)
+    name = hashlib.sha256(repr(import_time_environment(env)).encode()).hexdigest()[:16]
+    path = os.path.join(folder, f"jobs-{name}.sock")
+    connection = _job_server(path, int(owner))
+    if connection is None:
+        return
+    stand_in_read, stand_in_write = os.pipe()
+    request = {
+        "argv": sys.orig_argv[1:],
+        "env": env,
+        "cwd": os.getcwd(),
+        "new_session": True,  # the child's group: itself and its ranks, as the pool's job has
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2, stand_in_read])
+    os.close(stand_in_read)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:  # the server ended (idle) before it forked: the job runs cold
+            connection.close()
+            os.close(stand_in_write)
+            return
+        answer += chunk
+    child = int(answer)
+
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signum)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:  # never the job run twice: it ends here (its child with it)
+            print(f"tests/warm.py: the job server ended before its child {child} did", file=sys.stderr)
+            os._exit(1)
+        answer += chunk
+    code = os.waitstatus_to_exitcode(int(answer))
+    if code < 0:  # killed by a signal: so is the stand-in
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor needs to be
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal whose default is not to end a process
+    os._exit(code & 0xFF)
+
+
+def _job_server(path: str, owner: int) -> socket.socket | None:
+    """A connection to the server of this environment, which the first job that needs it starts (the
+    others wait, at most as long as a server takes to start); None if it cannot start."""
+    server: subprocess.Popen | None = None
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+            return connection
+        except OSError:
+            connection.close()
+        if os.path.exists(path + ".failed"):
+            return None
+        if server is None and not os.path.exists(path + ".starting"):
+            try:
+                os.close(os.open(path + ".starting", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+            with open(path + ".log", "w") as log:
+                server = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), path, str(owner)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        elif server is not None and server.poll() is not None:
+            Path(path + ".failed").touch()  # its log says why; every job of it runs cold
+            return None
+        time.sleep(0.1)
+    return None
 
 
 def _reseed_numpy() -> None:
@@ -323,5 +525,5 @@ def _reseed_numpy() -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
     sys.exit(0)

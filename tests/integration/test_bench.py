@@ -56,7 +56,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     # The pool's sweep: every job timed by its own record, the efficiency from those times; the
     # grid's jobs all finished.
     pool, grid = report["sweep"]["pool"], report["sweep"]["grid"]
-    assert [job["hold_s"] for job in pool["jobs"]] == [1, 0.5, 0]
+    assert [job["hold_s"] for job in pool["jobs"]] == [0.5, 0]
     lengths = [job["seconds"] for job in pool["jobs"]]
     assert pool["ideal_s"] == pytest.approx(max(max(lengths), sum(lengths) / 2))
     assert pool["makespan_s"] == pytest.approx(max(j["start_s"] + j["seconds"] for j in pool["jobs"]))
@@ -64,9 +64,9 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert all(0 < job["import_lightning_s"] < job["first_step_s"] < job["seconds"] for job in pool["jobs"])
     for job in pool["jobs"]:  # measured in each job's own process (benchmarks/import_probe)
         assert job["own_process_cost_s"] == pytest.approx(job["first_step_s"] - job["import_lightning_s"])
-    assert {tuple(job["devices"]) for job in pool["jobs"][:2]} == {("0",), ("1",)}  # both at once
-    assert grid["runs"]["2"]["statuses"] == ["completed"] * 2
-    assert "makespan / ideal" in table and "| 2 | 2 |" in table
+    assert {tuple(job["devices"]) for job in pool["jobs"]} == {("0",), ("1",)}  # both at once
+    assert grid["runs"]["2"]["statuses"] == ["completed"]  # tiny: a grid of one job
+    assert "makespan / ideal" in table and "| 2 | 1 |" in table
 
     accelerator = report["accelerator"]
     if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from litlab.storage.resume import load_point
-from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, start_litlab, summary
+from tests.conftest import FAULTS_IMPORTABLE, TINY, WARM, litlab, ok, run_dirs, start_litlab, summary
 from tests.integration.test_storage_faults import _pid_listening_on
 
 pytestmark = pytest.mark.slow
@@ -67,6 +67,7 @@ def run_until(marker: str, args: list[str], env: dict[str, str], then=None) -> t
     output = "".join(seen)
     assert marked is not None, f"never reached {marker!r}:\n{output[-3000:]}"
     leftovers = [p for p in psutil.process_iter(["pid", "status", "cmdline"]) if _in_group(p, process.pid)]
+    leftovers += WARM.job_children()  # warm ranks, in their server's session (tests/warm.py)
     for leftover in leftovers:
         leftover.kill()
     assert not leftovers, f"processes of the run outlived it: {[p.info for p in leftovers]}\n{output[-3000:]}"
@@ -291,9 +292,9 @@ def test_a_logger_that_refuses_its_tracking_uri_fails_in_one_line(tmp_path):
 
 def test_multirun_flag_in_the_middle_of_the_command(tmp_path):
     log_dir = tmp_path / "logs"
-    result = litlab(
-        "litlab-train", "model=mlp", *TINY, "-m", "seed=1,2", env={"LITLAB_LOG_DIR": str(log_dir)}
-    )
+    result = litlab("litlab-train", "model=mlp", *TINY, "-m", "seed=1", env={"LITLAB_LOG_DIR": str(log_dir)})
     ok(result)
+    # One job is enough: a multirun (its run under multiruns/), not a single run.
     summaries = [json.loads(p.read_text()) for p in log_dir.glob("**/multiruns/**/summary.json")]
-    assert sorted(s["status"] for s in summaries) == ["completed", "completed"], result.stdout[-2000:]
+    assert [s["status"] for s in summaries] == ["completed"], result.stdout[-2000:]
+    assert not (log_dir / "train" / "runs").exists()

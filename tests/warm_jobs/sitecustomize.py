@@ -1,0 +1,22 @@
+"""Tests only (on PYTHONPATH of the commands tests/conftest.py starts warm): the process of a sweep job
+(``python -m litlab.cli.train ...``, started by the device pool) or of a rank Lightning started hands
+its command to a warm-start server (tests/warm.py, ``run_job_warm``) instead of importing torch and
+Lightning again. Every other process runs cold, untouched."""
+
+import os
+import sys
+
+if os.environ.get("LITLAB_TEST_WARM_JOBS") and (
+    sys.orig_argv[1:3] in (["-m", "litlab.cli.train"], ["-m", "litlab.cli.eval"])
+    or os.path.basename(sys.orig_argv[1] if len(sys.orig_argv) > 1 else "") in ("litlab-train", "litlab-eval")
+):
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "_litlab_test_warm",
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "warm.py"),
+    )
+    _warm = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_warm)
+    _warm.run_job_warm(os.environ["LITLAB_TEST_WARM_JOBS"])  # returns only when the job runs cold
+    del _spec, _warm
