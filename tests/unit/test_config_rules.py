@@ -167,8 +167,8 @@ def test_a_data_group_without_batch_size_is_refused(cfg):
 
 
 def test_an_added_key_is_named_with_the_allowed_ones(cfg):
-    with pytest.raises(ConfigError, match=r"^unknown key 'trainer.max_epoch': allowed keys are .*max_epochs"):
-        rules.check(with_values(copy.deepcopy(cfg), trainer__max_epoch=3))
+    with pytest.raises(ConfigError, match=r"^unknown key 'tune.max_trial': allowed keys are .*max_trials"):
+        rules.check(with_values(copy.deepcopy(cfg), tune__max_trial=3))
     with pytest.raises(ConfigError, match=r"^unknown key 'oom.retries'"):
         rules.check(with_values(cfg, oom__retries=3))
 

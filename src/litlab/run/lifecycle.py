@@ -159,7 +159,7 @@ def prepare_run(cfg: DictConfig) -> Run:
         run.lock = RunLock(storage)
         run.lock.acquire()
     run.resume = resume.decide(
-        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
+        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.get("fast_dev_run"))
     )
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
