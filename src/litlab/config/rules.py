@@ -158,10 +158,11 @@ def check_runtime_options(cfg: DictConfig) -> None:
             f"tune.batch_size=true cannot tune data.global_batch_size={global_batch}: "
             "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
         )
-    if tune.batch_size and (device_count(devices) != 1 or trainer.get("num_nodes", 1) != 1):
+    nodes = trainer.get("num_nodes", 1)
+    if tune.batch_size and (device_count(devices) != 1 or nodes != 1):
         raise ConfigError(
             f"tune.batch_size=true runs on one device, not trainer.devices={devices} "
-            f"trainer.num_nodes={trainer.get('num_nodes', 1)} (Lightning's finder does not support distributed "
+            f"trainer.num_nodes={nodes} (Lightning's finder does not support distributed "
             "strategies): tune with trainer.devices=1, then train with the found data.batch_size"
         )
 

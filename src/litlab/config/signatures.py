@@ -157,11 +157,19 @@ def _check_type(
     else:
         value = child._value()
     if not _type_allows(allowed, value):
-        shown = OmegaConf.to_yaml(child).strip() if OmegaConf.is_config(child) else value
-        names = " or ".join(sorted("None" if t is type(None) else t.__name__ for t in allowed))
+        shown = OmegaConf.to_container(child) if OmegaConf.is_config(child) else _yaml(value)
+        names = " or ".join([*sorted(t.__name__ for t in allowed if t is not type(None)), "None"])
+        names = names if type(None) in allowed else names.removesuffix(" or None")
         raise ConfigError(
             f"{full_key}={shown} {where(full_key)} is not allowed: {target} takes {key} as {names}"
         )
+
+
+def _yaml(value: Any) -> str:
+    """A plain value as it is written in YAML and on the command line."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _type_allows(allowed: frozenset[type], value: Any) -> bool:
@@ -358,7 +366,9 @@ def _class(
     for method in ("__init__", "__new__"):
         for statement in node.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == method:
-                if any(_decorator_name(d) not in SIGNATURE_KEEPING_DECORATORS for d in statement.decorator_list):
+                if any(
+                    _decorator_name(d) not in SIGNATURE_KEEPING_DECORATORS for d in statement.decorator_list
+                ):
                     return None
                 return _arguments(statement.args, skip_first=True)
     for base in node.bases:  # no __init__ of its own: the first base that defines one
@@ -403,12 +413,18 @@ def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth
 def _arguments(arguments: ast.arguments, skip_first: bool) -> Signature:
     positional = arguments.posonlyargs + arguments.args
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
-    pairs = list(zip(positional, defaults + arguments.defaults))[1 if skip_first else 0 :]
+    pairs = list(zip(positional, defaults + arguments.defaults, strict=True))[1 if skip_first else 0 :]
     pairs = [(a, d) for a, d in pairs if a not in arguments.posonlyargs]  # not passed by name
-    pairs += list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+    pairs += list(zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True))
     types = {}
     for argument, default in pairs:
         allowed = _annotation_types(argument.annotation)
+        if (
+            argument.annotation is None
+            and isinstance(default, ast.Constant)
+            and isinstance(default.value, bool)
+        ):
+            allowed = frozenset({bool})  # `static_graph=False`: a switch
         if allowed is not None:
             none_default = isinstance(default, ast.Constant) and default.value is None
             types[argument.arg] = allowed | {type(None)} if none_default else allowed

@@ -75,7 +75,8 @@ def trainer_errors(trainer: DictConfig, strategy: DictConfig, precision: DictCon
         yield
     except (ValueError, MisconfigurationException, ImportError) as error:
         options = (
-            f"trainer.accelerator={trainer.get('accelerator', 'auto')} strategy={strategy.name} precision={precision.name}"
+            f"trainer.accelerator={trainer.get('accelerator', 'auto')} strategy={strategy.name} "
+            f"precision={precision.name}"
         )
         reason = " ".join(str(error).split())
         raise LitlabError(
