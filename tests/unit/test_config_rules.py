@@ -173,6 +173,24 @@ def test_an_added_key_is_named_with_the_allowed_ones(cfg):
         rules.check(with_values(cfg, oom__retries=3))
 
 
+def test_trainer_keys_the_yaml_leaves_out_have_lightnings_defaults(cfg):
+    with open_dict(cfg):
+        for key in (
+            "accelerator",
+            "devices",
+            "num_nodes",
+            "max_epochs",
+            "max_steps",
+            "accumulate_grad_batches",
+        ):
+            del cfg.trainer[key]
+        del cfg.trainer["gradient_clip_val"], cfg.trainer["gradient_clip_algorithm"]
+    rules.check(cfg)
+    assert rules.batch_sizes(cfg.data, cfg.trainer) == BatchSizes(
+        cfg.data.batch_size, 1, 1, cfg.data.batch_size
+    )
+
+
 def test_a_missing_value_is_named(cfg):
     with open_dict(cfg):
         cfg.data.root = "???"
