@@ -314,6 +314,10 @@ def test_any_trainer_argument_reaches_lightning_trainer(tmp_path, monkeypatch):
             "lightning.pytorch.callbacks.EarlyStopping takes patience as int",
         ),
         (
+            ["+trainer._target_=my.Trainer"],
+            "unknown key 'trainer._target_' on the command line: lightning.Trainer accepts accelerator, ",
+        ),
+        (
             ["logger=csv", "+logger.csv.flush_log_every=3"],
             "unknown key 'logger.csv.flush_log_every' on "
             "the command line: lightning.pytorch.loggers.CSVLogger accepts save_dir, ",
@@ -328,8 +332,9 @@ def test_any_trainer_argument_reaches_lightning_trainer(tmp_path, monkeypatch):
         "callback",
         "callback type",
         "lightning callback",
+        "trainer is built by litlab",
         "logger",
-    ],  # fmt: skip
+    ],
 )
 def test_the_engine_groups_are_checked_against_their_target(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as error:

@@ -126,7 +126,7 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
                     f"'{full_key}' {where(full_key)} is not allowed: litlab passes {target} its {key} "
                     f"{SET_BY_LITLAB[key]}"
                 )
-            if key in _HYDRA_KEYS or key in ignored or key in engine_keys:
+            if (key in _HYDRA_KEYS and path not in IMPLIED_TARGETS) or key in ignored or key in engine_keys:
                 continue
             if key in signature.names:
                 _check_type(node, key, full_key, target, signature, where)
@@ -190,10 +190,10 @@ def _target_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig, Any]]:
 
     def walk(node: Any, path: str) -> None:
         if isinstance(node, DictConfig):
-            if "_target_" in node:
-                found.append((path, node, node.get("_target_")))
-            elif path in IMPLIED_TARGETS:
+            if path in IMPLIED_TARGETS:  # built by litlab itself: a `_target_` key there is unknown too
                 found.append((path, node, IMPLIED_TARGETS[path]))
+            elif "_target_" in node:
+                found.append((path, node, node.get("_target_")))
             items = [(str(k), node._get_node(k)) for k in node]
         elif isinstance(node, ListConfig):
             items = [(str(i), node._get_node(i)) for i in range(len(node))]
