@@ -130,7 +130,7 @@ def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:
     has (Lightning's own message for that is "No supported gpu backend found!")."""
     import torch
 
-    accelerator, devices = str(node.accelerator), node.devices
+    accelerator, devices = str(node.get("accelerator", "auto")), node.get("devices", "auto")
     if accelerator not in ("gpu", "cuda") or devices == "auto":
         return
     available = torch.cuda.device_count()
@@ -157,7 +157,7 @@ def warn_about_setup(cfg: DictConfig, world_size: int) -> None:
             "strategy=%s with trainer.devices=%s and trainer.num_nodes=%s runs one process: %s adds "
             "only overhead; use trainer.devices=N for N ranks, or strategy=auto",
             cfg.strategy.name,
-            cfg.trainer.devices,
-            cfg.trainer.num_nodes,
+            cfg.trainer.get("devices", "auto"),
+            cfg.trainer.get("num_nodes", 1),
             cfg.strategy.name,
         )

@@ -167,10 +167,28 @@ def test_a_data_group_without_batch_size_is_refused(cfg):
 
 
 def test_an_added_key_is_named_with_the_allowed_ones(cfg):
-    with pytest.raises(ConfigError, match=r"^unknown key 'trainer.max_epoch': allowed keys are .*max_epochs"):
-        rules.check(with_values(copy.deepcopy(cfg), trainer__max_epoch=3))
+    with pytest.raises(ConfigError, match=r"^unknown key 'tune.max_trial': allowed keys are .*max_trials"):
+        rules.check(with_values(copy.deepcopy(cfg), tune__max_trial=3))
     with pytest.raises(ConfigError, match=r"^unknown key 'oom.retries'"):
         rules.check(with_values(cfg, oom__retries=3))
+
+
+def test_trainer_keys_the_yaml_leaves_out_have_lightnings_defaults(cfg):
+    with open_dict(cfg):
+        for key in (
+            "accelerator",
+            "devices",
+            "num_nodes",
+            "max_epochs",
+            "max_steps",
+            "accumulate_grad_batches",
+        ):
+            del cfg.trainer[key]
+        del cfg.trainer["gradient_clip_val"], cfg.trainer["gradient_clip_algorithm"]
+    rules.check(cfg)
+    assert rules.batch_sizes(cfg.data, cfg.trainer) == BatchSizes(
+        cfg.data.batch_size, 1, 1, cfg.data.batch_size
+    )
 
 
 def test_a_missing_value_is_named(cfg):

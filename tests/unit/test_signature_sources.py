@@ -77,6 +77,33 @@ PACKAGE = {
             def __init__(self, width, depth=2):
                 pass
     """,
+    "typed.py": """
+        from typing import Literal, Optional, Union
+
+        def _defaults_from_env_vars(f):  # as Lightning's Trainer has: keeps the signature
+            return f
+
+        class Kept:
+            @_defaults_from_env_vars
+            def __init__(
+                self,
+                *,
+                count: int = 1,
+                rate: Optional[float] = None,
+                name: "str | None" = "x",
+                switch=False,
+                other: Union[int, Thing] = 0,
+                sizes: list[int] = (),
+                mode: Literal["a"] = "a",
+                maybe: bool = None,
+                free=0,
+            ):
+                pass
+
+        class NewOnly:
+            def __new__(cls, days=0, seconds=0):
+                pass
+    """,
     "sub/__init__.py": "",
     "sub/deep.py": """
         from ..bases import Base
@@ -133,6 +160,41 @@ def test_a_decorated_target_is_imported_and_inspected(package):
     assert signatures._from_source("sigpkg.models", "InitWrapped", 0) is None
     assert signature_of("sigpkg.models.InitWrapped") == Signature(("r",), False)
     assert "sigpkg.models" in sys.modules
+
+
+def test_a_signature_keeping_decorator_and_new_are_read_with_their_plain_types(package):
+    kept = signature_of("sigpkg.typed.Kept")
+    assert kept.names == ("count", "rate", "name", "switch", "other", "sizes", "mode", "maybe", "free")
+    none = type(None)
+    assert kept.types == {
+        "count": {int},
+        "rate": {float, none},
+        "name": {str, none},  # a quoted annotation
+        "switch": {bool},  # no annotation, a bool default: a switch
+        "sizes": {list},  # the items are not checked
+        "maybe": {bool, none},  # a None default allows None
+    }  # other (a class in the union), mode (Literal) and free: not checked
+    assert signature_of("sigpkg.typed.NewOnly").names == ("days", "seconds")
+    assert "sigpkg.typed" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("allowed", "value", "accepted"),
+    [
+        ({int}, 3, True),
+        ({int}, True, False),  # a bool is an int to Python, not to a config
+        ({int}, 1.5, False),
+        ({float}, 2, True),
+        ({bool}, 1, False),
+        ({str}, 3, False),
+        ({tuple}, [1, 2], True),  # a YAML list for a tuple
+        ({dict}, {"a": 1}, True),
+        ({int, type(None)}, None, True),
+        ({int}, None, False),
+    ],
+)
+def test_a_value_is_checked_against_the_plain_types_of_its_annotation(allowed, value, accepted):
+    assert signatures._type_allows(frozenset(allowed), value) is accepted
 
 
 def test_an_imported_target_with_var_keywords_accepts_any_key(package):
@@ -220,7 +282,7 @@ def test_what_the_check_leaves_alone(package):
         "other": {"_target_": "len", "x": 1},  # no module: no signature
         "empty": {"_target_": "", "x": 1},
         "number": {"_target_": 3, "x": 1},
-        "trainer": {"_target_": "sigpkg.Net", "x": 1},  # a schema group: checked by its schema
+        "oom": {"_target_": "sigpkg.Net", "x": 1},  # a schema group: checked by its schema
         "hydra": {"_target_": "sigpkg.Net", "x": 1},
         "alias": "${model}",  # checked where it is defined
         "later": "???",

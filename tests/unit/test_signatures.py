@@ -1,11 +1,16 @@
-"""Your groups' keys are checked against their ``_target_``'s signature, read from source when it can be.
+"""Every ``_target_`` node's keys, and trainer's against lightning.Trainer, are checked against the
+signature, read from source when it can be.
 
 Targets in a package written by the test: its modules import something that does not exist, so
-reading a signature by importing them would fail; the AST path must not import them.
+reading a signature by importing them would fail; the AST path must not import them. Lightning's
+and torch's targets are read from the installed sources and compared with the imported signature.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,9 +19,10 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from litlab.config import signatures
+from litlab.config import preflight, signatures
 from litlab.config.preflight import CONFIG_DIR
 from litlab.config.rules import ConfigError
+from litlab.config.signatures import KEYWORDS_PASSED_ON
 from tests.conftest import REPO, compose_train
 
 PACKAGE = {
@@ -131,23 +137,229 @@ def test_the_shipped_configs_pass(overrides, tmp_path):
     signatures.check(compose_train(overrides, tmp_path), overrides, [CONFIG_DIR])
 
 
-def test_a_typo_in_your_group_fails_without_importing_torch_or_your_code():
+def test_a_typo_fails_within_a_second_without_importing_torch_or_your_code():
     code = textwrap.dedent(
         """
-        import sys
-        sys.argv = ["litlab-train", "+model.net.hiden=3"]
+        import sys, time
         from litlab.cli.train import main
-        try:
-            main()
-        except SystemExit as exit:
-            loaded = ("torch", "lightning", "project.vision.nets")
-            print(exit.code, sorted(m for m in loaded if m in sys.modules))
+
+        def refused(*args):
+            sys.argv = ["litlab-train", *args]
+            start = time.process_time()
+            try:
+                main()
+            except SystemExit as exit:
+                loaded = ("torch", "lightning", "project.vision.nets")
+                print(exit.code, sorted(m for m in loaded if m in sys.modules), time.process_time() - start)
+
+        refused("trainer.max_epoch=3")  # the first: nothing cached yet
+        refused("+model.net.hiden=3")
         """
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
     )
-    assert result.stdout.split(None, 1) == ["2", "[]\n"], result.stdout + result.stderr
-    assert (
-        "unknown key 'model.net.hiden' on the command line: project.vision.nets.CNN accepts" in result.stderr
+    lines = [line.split(" ", 2) for line in result.stdout.splitlines()]
+    assert [line[:2] for line in lines] == [["2", "[]"], ["2", "[]"]], result.stdout + result.stderr
+    assert float(lines[0][2]) < 1.0, "CPU seconds to compose and refuse a trainer typo"
+    trainer_line, model_line = result.stderr.splitlines()
+    assert trainer_line.startswith(
+        "litlab: error: unknown key 'trainer.max_epoch' on the command line: lightning.Trainer accepts "
     )
+    assert "max_epochs" in trainer_line
+    assert "unknown key 'model.net.hiden' on the command line: project.vision.nets.CNN accepts" in model_line
+
+
+# --- trainer: any lightning.Trainer argument, checked against lightning.Trainer -----------------
+
+
+def test_trainer_keys_are_read_from_lightning_trainer_as_its_own_signature_says():
+    import lightning
+
+    assert (
+        "torch" in sys.modules
+    )  # the test process had imported torch anyway; the subprocess test shows none
+    parameters = inspect.signature(lightning.Trainer).parameters
+    assert signatures.signature_of("lightning.Trainer").names == tuple(parameters)
+
+
+def test_a_trainer_typo_names_the_file_the_key_and_every_trainer_argument_litlab_does_not_set(tmp_path):
+    import lightning
+
+    cfg = compose_train([], tmp_path)
+    cfg.trainer.max_epoch = 3  # as if configs/trainer/default.yaml said `max_epoch: 3`
+    accepted = [
+        k for k in inspect.signature(lightning.Trainer).parameters if k not in signatures.SET_BY_LITLAB
+    ]
+    with pytest.raises(ConfigError) as error:
+        preflight.check_train_config(cfg, [])
+    assert str(error.value) == (
+        f"unknown key 'trainer.max_epoch' in {_shown(CONFIG_DIR)}/trainer/default.yaml: "
+        f"lightning.Trainer accepts {', '.join(accepted)}"
+    )
+    assert "sync_batchnorm" in accepted and "callbacks" not in accepted
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.max_epochs=abc"],
+            "trainer.max_epochs=abc on the command line is not allowed: "
+            "lightning.Trainer takes max_epochs as int or None",
+        ),
+        (
+            ["trainer.devices=true"],
+            "trainer.devices=true on the command line is not allowed: "
+            "lightning.Trainer takes devices as int or list or str",
+        ),
+        (
+            ["+trainer.sync_batchnorm=1"],
+            "trainer.sync_batchnorm=1 on the command line is not allowed: "
+            "lightning.Trainer takes sync_batchnorm as bool",
+        ),
+        (
+            ["trainer.callbacks=[]"],
+            "'trainer.callbacks' on the command line is not allowed: litlab passes "
+            "lightning.Trainer its callbacks from the callbacks group: choose callbacks=NAME or set "
+            "callbacks.NAME.KEY",
+        ),
+    ],
+    ids=["int", "no bool for devices", "no int for a bool", "set by litlab"],
+)
+def test_a_wrong_trainer_value_is_one_line_before_any_run(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        preflight.check_train_config(compose_train(overrides, tmp_path), overrides)
+    assert str(error.value) == message
+
+
+def test_any_trainer_argument_reaches_lightning_trainer(tmp_path, monkeypatch):
+    import lightning
+
+    from litlab.run import build
+    from litlab.run.lifecycle import Run
+    from litlab.storage.roots import RunStorage
+
+    overrides = [
+        "trainer.sync_batchnorm=true",
+        "trainer.min_steps=10",
+        "+trainer.use_distributed_sampler=false",
+    ]
+    cfg = compose_train(["model=mlp", *overrides], tmp_path)
+    preflight.check_train_config(cfg, overrides)
+    given = {}
+
+    class RecordingTrainer(lightning.Trainer):  # the real Trainer, and the arguments litlab gave it
+        def __init__(self, **kwargs):
+            given.update(kwargs)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(build.L, "Trainer", RecordingTrainer)
+    monkeypatch.setenv("LITLAB_LOG_DIR", str(tmp_path))
+    run = Run(dir=tmp_path, identity="keys", storage=RunStorage(str(tmp_path / "storage"), "keys"))
+    trainer = build.build_trainer(cfg, run)
+    assert (given["sync_batchnorm"], given["min_steps"], given["use_distributed_sampler"]) == (
+        True,
+        10,
+        False,
+    )
+    assert trainer.fit_loop.min_steps == 10
+
+
+# --- the engine's groups with a _target_: strategy, callbacks, logger ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["strategy=ddp", "+strategy.static_grap=true"],
+            "unknown key 'strategy.static_grap' on the "
+            "command line: lightning.pytorch.strategies.DDPStrategy accepts accelerator, ",
+        ),
+        (
+            ["strategy=ddp", "strategy.static_graph=yes"],
+            "strategy.static_graph=yes on the command line "
+            "is not allowed: lightning.pytorch.strategies.DDPStrategy takes static_graph as bool",
+        ),
+        (
+            ["strategy=fsdp", "strategy.auto_wrap_policy.min_num_params=abc"],
+            "strategy.auto_wrap_policy."
+            "min_num_params=abc on the command line is not allowed: torch.distributed.fsdp.wrap."
+            "size_based_auto_wrap_policy takes min_num_params as int",
+        ),
+        (
+            ["strategy=ddp", "+strategy.timeout.second=3"],
+            "unknown key 'strategy.timeout.second' on the "
+            "command line: datetime.timedelta accepts days, seconds, ",
+        ),
+        (
+            ["+strategy.static_graph=true"],
+            "unknown key 'strategy.static_graph' on the command line: "
+            "strategy has _target_ null (nothing is built from it), so it takes only name",
+        ),
+        (
+            ["+callbacks.checkpoint.save_topk=2"],
+            "unknown key 'callbacks.checkpoint.save_topk' on the command line: "
+            "litlab.storage.checkpoints.run_checkpoints accepts dirpath, ",
+        ),
+        (
+            ["callbacks.checkpoint.save_top_k=two"],
+            "callbacks.checkpoint.save_top_k=two on the command line is not allowed: "
+            "litlab.storage.checkpoints.run_checkpoints takes save_top_k as int",
+        ),
+        (
+            ["callbacks=early_stopping", "callbacks.early_stopping.patience=abc"],
+            "callbacks.early_stopping.patience=abc on the command line is not allowed: "
+            "lightning.pytorch.callbacks.EarlyStopping takes patience as int",
+        ),
+        (
+            ["+trainer._target_=my.Trainer"],
+            "unknown key 'trainer._target_' on the command line: lightning.Trainer accepts accelerator, ",
+        ),
+        (
+            ["logger=csv", "+logger.csv.flush_log_every=3"],
+            "unknown key 'logger.csv.flush_log_every' on "
+            "the command line: lightning.pytorch.loggers.CSVLogger accepts save_dir, ",
+        ),
+    ],
+    ids=[
+        "ddp key",
+        "ddp type",
+        "fsdp wrap policy",
+        "timeout",
+        "auto",
+        "callback",
+        "callback type",
+        "lightning callback",
+        "trainer is built by litlab",
+        "logger",
+    ],
+)
+def test_the_engine_groups_are_checked_against_their_target(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        signatures.check(compose_train(overrides, tmp_path), overrides, [CONFIG_DIR])
+    assert str(error.value).startswith(message)
+
+
+def test_strategy_keywords_reach_the_torch_wrapper_named_in_keywords_passed_on():
+    """DDPStrategy and FSDPStrategy take **kwargs and pass them to torch's wrapper, with the
+    arguments KEYWORDS_PASSED_ON lists given by the strategy itself: as the installed source says."""
+    ddp = _source("lightning.pytorch.strategies.ddp")
+    assert "self._ddp_kwargs = kwargs" in ddp
+    assert "DistributedDataParallel(module=model, device_ids=device_ids, **self._ddp_kwargs)" in ddp
+    fsdp = _source("lightning.pytorch.strategies.fsdp")
+    call = re.search(r"FullyShardedDataParallel\((.*?)\)\n", fsdp, re.DOTALL).group(1)
+    given = re.findall(r"(\w+)=", call)
+    assert given[0] == "module" and "device_id" in given and "**self.kwargs" in call
+    assert KEYWORDS_PASSED_ON["lightning.pytorch.strategies.DDPStrategy"][1] == ("module", "device_ids")
+    fsdp_given = KEYWORDS_PASSED_ON["lightning.pytorch.strategies.FSDPStrategy"][1]
+    fsdp_names = signatures.signature_of("lightning.pytorch.strategies.FSDPStrategy").names
+    assert all(name in fsdp_given or name in fsdp_names for name in given)
+    ddp_names = signatures.signature_of("lightning.pytorch.strategies.DDPStrategy").names
+    assert {"find_unused_parameters", "static_graph", "start_method"} <= set(ddp_names)
+
+
+def _source(module: str) -> str:
+    tree_module = importlib.util.find_spec(module.split(".")[0]).submodule_search_locations[0]
+    return (Path(tree_module, *module.split(".")[1:]).with_suffix(".py")).read_text()

@@ -10,6 +10,7 @@ import os
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
@@ -26,6 +27,8 @@ schema.register()
 def train(cfg: DictConfig) -> float | None:
     if multirun.sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
         return multirun.run_sweep_job(cfg, train_run)
+    # Again, in milliseconds: the preflight leaves commands with Hydra's flags and HYDRA_FULL_ERROR=1 alone.
+    preflight.check_train_config(cfg, list(HydraConfig.get().overrides.task))
     return train_run(cfg)
 
 

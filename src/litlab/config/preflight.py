@@ -4,9 +4,10 @@ Hydra creates the run directory before the task function runs, and reports compo
 several lines ending in a hint. ``check_or_exit`` composes the same config first and turns any
 problem into one sentence on stderr, naming the bad key or value and what is allowed, then exits 2:
 
-1. composition and the engine's schema (unknown keys, wrong types, unknown options), then the
-   rules types cannot express, and your groups' keys against their ``_target_``'s signature; none
-   of this imports torch, so a typo fails in well under a second;
+1. composition and the schema of litlab's own settings (unknown keys, wrong types, unknown
+   options), every ``_target_`` node's keys against its target's signature (``trainer``'s against
+   lightning.Trainer), then the rules types cannot express; none of this imports torch, so a typo
+   fails in well under a second;
 2. the storage root (writable, reachable), an explicit ``resume=PATH``, and that no other process
    holds the run's lock (``litlab.storage.lock``);
 3. your datamodule's constructor and the optimizer partial, built once on the side with the
@@ -87,9 +88,10 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
 
 
 def check_train_config(cfg: DictConfig, overrides: list[str]) -> None:
-    """The torch-free checks of a train config: the engine's rules, then your groups' keys."""
-    rules.check(cfg)
+    """The torch-free checks of a train config: every ``_target_`` node's keys and plain types
+    (trainer's against lightning.Trainer), then the engine's rules, which read well-typed values."""
     signatures.check(cfg, overrides, config_dirs(cfg))
+    rules.check(cfg)
 
 
 def config_dirs(cfg: DictConfig) -> list[Path]:
@@ -142,7 +144,8 @@ def check_storage_and_resume(cfg: DictConfig) -> None:
 
 def _user_group_key_message(config_name: str, args: list[str], error: BaseException) -> str | None:
     """``model.net.hiden=3``: Hydra refuses a key its config does not have, without saying which keys
-    there are. For a node of your groups, name what its ``_target_`` accepts (composed without the key)."""
+    there are. For a node with a ``_target_``, the signature check's line (composed without the key,
+    then the key added back)."""
     cause = error.__cause__
     key = getattr(cause, "full_key", None)
     if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not key or "." not in key:
@@ -151,14 +154,13 @@ def _user_group_key_message(config_name: str, args: list[str], error: BaseExcept
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=others, return_hydra_config=True)
+        OmegaConf.update(cfg, key, None, force_add=True)
+        signatures.check(cfg, args, config_dirs(cfg))
+    except rules.ConfigError as refused:
+        return str(refused) if f"'{key}'" in str(refused) else None
     except Exception:  # the other overrides do not compose either: Hydra's message it is
         return None
-    parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None, throw_on_resolution_failure=False)
-    target = parent.get("_target_") if isinstance(parent, DictConfig) else None
-    signature = signatures.signature_of(target) if isinstance(target, str) else None
-    if signature is None:
-        return None
-    return f"unknown key '{key}' on the command line: {target} accepts {', '.join(signature.names)}"
+    return None
 
 
 def composition_message(error: BaseException) -> str:

@@ -52,9 +52,10 @@ def device_count(devices: Any) -> int | None:
 
 def batch_sizes(data: DictConfig, trainer: DictConfig, world_size: int | None = None) -> BatchSizes:
     """The micro-batch and effective batch of a run; derives the micro-batch from a global batch."""
+    nodes = trainer.get("num_nodes", 1)  # a key the trainer YAML leaves out has Lightning's default
     if world_size is None:
-        world_size = (device_count(trainer.devices) or 1) * trainer.num_nodes
-    accumulation = trainer.accumulate_grad_batches
+        world_size = (device_count(trainer.get("devices", "auto")) or 1) * nodes
+    accumulation = trainer.get("accumulate_grad_batches", 1)
     micro = data.batch_size
     global_batch = data.get("global_batch_size")
     if global_batch is not None:
@@ -63,7 +64,7 @@ def batch_sizes(data: DictConfig, trainer: DictConfig, world_size: int | None = 
             raise ConfigError(
                 f"data.global_batch_size={global_batch} does not divide into "
                 f"devices x num_nodes x accumulate_grad_batches = {world_size} x 1 x {accumulation}"
-                if trainer.num_nodes == 1
+                if nodes == 1
                 else f"data.global_batch_size={global_batch} does not divide into "
                 f"{world_size} ranks x accumulate_grad_batches={accumulation}"
             )
@@ -96,16 +97,17 @@ def check(cfg: DictConfig) -> None:
             "data has no batch_size: your data config must set batch_size, the micro-batch its "
             "datamodule's constructor takes (docs/contract.md)"
         )
-    if trainer.max_epochs != -1:
+    # Keys the trainer YAML leaves out have Lightning's defaults (lightning.Trainer's signature).
+    if trainer.get("max_epochs") not in (None, -1):
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
-    if trainer.max_steps != -1:
+    if trainer.get("max_steps", -1) != -1:
         _positive("trainer.max_steps", trainer.max_steps, "a positive integer, or -1 (no limit)")
-    _positive("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
-    _positive("trainer.num_nodes", trainer.num_nodes)
+    _positive("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1))
+    _positive("trainer.num_nodes", trainer.get("num_nodes", 1))
     _positive("data.batch_size", data.batch_size)
     if data.get("global_batch_size") is not None:
         _positive("data.global_batch_size", data.global_batch_size)
-    devices = trainer.devices
+    devices = trainer.get("devices", "auto")
     if not (devices == "auto" or device_count(devices)):
         raise ConfigError(
             f"trainer.devices={devices} is not allowed: use a positive integer, a list of "
@@ -124,7 +126,8 @@ def check_runtime_options(cfg: DictConfig) -> None:
     """Values that would fail only after torch loads (accelerator, devices), and on_nonfinite, oom,
     tune and gradient clipping. Raises ConfigError."""
     trainer = cfg.trainer
-    _one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    accelerator, devices = trainer.get("accelerator", "auto"), trainer.get("devices", "auto")
+    _one_of("trainer.accelerator", accelerator, ACCELERATORS)
     _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
     for key in ("hang_timeout", "preempt_grace"):
         if cfg[key] < 0:
@@ -132,16 +135,17 @@ def check_runtime_options(cfg: DictConfig) -> None:
     _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
     _positive("oom.max_shrinks", cfg.oom.max_shrinks)
     _positive("oom.within_steps", cfg.oom.within_steps)
-    _one_of("trainer.gradient_clip_algorithm", trainer.gradient_clip_algorithm, ("norm", "value"))
-    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val < 0:
+    if trainer.get("gradient_clip_algorithm") is not None:  # None: Lightning's default, norm
+        _one_of("trainer.gradient_clip_algorithm", trainer.gradient_clip_algorithm, ("norm", "value"))
+    if trainer.get("gradient_clip_val") is not None and trainer.gradient_clip_val < 0:
         raise ConfigError(
             f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
             "number, or null for no clipping"
         )
     cores = cpu_cores()
-    if trainer.accelerator == "cpu" and (device_count(trainer.devices) or 1) > cores:
+    if accelerator == "cpu" and (device_count(devices) or 1) > cores:
         raise ConfigError(
-            f"trainer.devices={trainer.devices} is more than the {cores} CPU cores this process may "
+            f"trainer.devices={devices} is more than the {cores} CPU cores this process may "
             f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"
         )
     tune = cfg.tune
@@ -154,10 +158,11 @@ def check_runtime_options(cfg: DictConfig) -> None:
             f"tune.batch_size=true cannot tune data.global_batch_size={global_batch}: "
             "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
         )
-    if tune.batch_size and (device_count(trainer.devices) != 1 or trainer.num_nodes != 1):
+    nodes = trainer.get("num_nodes", 1)
+    if tune.batch_size and (device_count(devices) != 1 or nodes != 1):
         raise ConfigError(
-            f"tune.batch_size=true runs on one device, not trainer.devices={trainer.devices} "
-            f"trainer.num_nodes={trainer.num_nodes} (Lightning's finder does not support distributed "
+            f"tune.batch_size=true runs on one device, not trainer.devices={devices} "
+            f"trainer.num_nodes={nodes} (Lightning's finder does not support distributed "
             "strategies): tune with trainer.devices=1, then train with the found data.batch_size"
         )
 
@@ -198,7 +203,7 @@ def _check_no_missing_values(cfg: DictConfig) -> None:
 
 
 def _check_no_added_keys(cfg: DictConfig, prefix: str = "") -> None:
-    """``+trainer.foo=1`` adds a key even to a typed node; only typos do that, so refuse them.
+    """``+oom.foo=1`` adds a key even to a typed node; only typos do that, so refuse them.
     (Your groups have no schema: their keys are checked against their ``_target_``'s signature.)"""
     schema_type = OmegaConf.get_type(cfg)
     allowed = (

@@ -1,14 +1,16 @@
-"""Types of the engine's config groups: what Hydra merges configs/train.yaml and its engine groups into.
+"""Types of litlab's own settings: what Hydra merges configs/train.yaml and eval.yaml into.
 
-Registered in Hydra's ConfigStore, so an unknown key (``trainer.max_epoch=3``) or a wrong type
-(``trainer.max_epochs=abc``) of an engine group fails while the config is composed. The values
-live in the YAML files only: every field here is MISSING (one place for each default). Your groups
-(model, data, optimizer, scheduler, ...) have no schema: ``litlab.config.signatures`` checks their
-keys against their ``_target_``'s signature. Rules that types cannot express are in
-``litlab.config.rules``. Nothing here imports torch or Lightning.
+Registered in Hydra's ConfigStore, so an unknown key (``oom.retries=3``) or a wrong type
+(``seed=abc``) of litlab's own settings fails while the config is composed. Only settings that no
+library's signature describes have a type here: the top-level keys, precision, storage, oom, tune
+and paths (no ``_target_``: litlab reads them itself). Every node with a ``_target_``, the engine's
+included, is checked against its target's signature instead (``litlab.config.signatures``), and so
+is ``trainer`` against ``lightning.Trainer``: this module copies no library's arguments. The values
+live in the YAML files only: every field here is MISSING (one place for each default). Rules that
+types cannot express are in ``litlab.config.rules``. Nothing here imports torch or Lightning.
 
 Options with fields of their own get their own schema, stored under ``schema/<group>/<option>``
-and named first in the option's defaults list (``- /schema/strategy/ddp@_here_``).
+and named first in the option's defaults list (``- /schema/storage/s3@_here_``).
 """
 
 from __future__ import annotations
@@ -17,76 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
-
-
-@dataclass
-class TrainerConfig:
-    """Plain ``lightning.Trainer`` arguments (strategy, precision, callbacks, loggers are groups)."""
-
-    accelerator: str = MISSING
-    devices: Any = MISSING  # an int, a list of device indices, or "auto"
-    num_nodes: int = MISSING
-    max_epochs: int = MISSING
-    max_steps: int = MISSING
-    min_epochs: int | None = MISSING
-    max_time: str | None = MISSING
-    accumulate_grad_batches: int = MISSING
-    gradient_clip_val: float | None = MISSING
-    gradient_clip_algorithm: str = MISSING
-    check_val_every_n_epoch: int | None = MISSING
-    val_check_interval: Any = MISSING  # int (batches) or float (fraction of an epoch)
-    log_every_n_steps: int = MISSING
-    limit_train_batches: Any = MISSING  # int (batches) or float (fraction)
-    limit_val_batches: Any = MISSING
-    limit_test_batches: Any = MISSING
-    num_sanity_val_steps: int = MISSING
-    deterministic: Any = MISSING  # bool or "warn"
-    benchmark: bool | None = MISSING
-    fast_dev_run: Any = MISSING  # bool or a number of batches
-    overfit_batches: float = MISSING
-    detect_anomaly: bool = MISSING
-    enable_model_summary: bool = MISSING
-    inference_mode: bool = MISSING
-    profiler: str | None = MISSING
-
-
-@dataclass
-class StrategyConfig:
-    _target_: str | None = MISSING
-    name: str = MISSING
-
-
-@dataclass
-class TimeoutConfig:
-    _target_: str = MISSING
-    seconds: int = MISSING
-
-
-@dataclass
-class DDPStrategyConfig(StrategyConfig):
-    process_group_backend: str | None = MISSING  # null: nccl on GPUs, gloo on CPU
-    find_unused_parameters: bool = MISSING
-    static_graph: bool = MISSING
-    timeout: TimeoutConfig = MISSING
-    start_method: str = MISSING  # popen: subprocess launcher; spawn: torch.multiprocessing
-
-
-@dataclass
-class WrapPolicyConfig:
-    _target_: str = MISSING
-    _partial_: bool = MISSING
-    min_num_params: int = MISSING
-
-
-@dataclass
-class FSDPStrategyConfig(StrategyConfig):
-    sharding_strategy: str = MISSING
-    auto_wrap_policy: WrapPolicyConfig = MISSING
-    cpu_offload: bool = MISSING
-    state_dict_type: str = MISSING
-    process_group_backend: str | None = MISSING
-    timeout: TimeoutConfig = MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 @dataclass
@@ -153,7 +86,8 @@ class TrainConfig:
     """configs/train.yaml. ``model``, ``data``, ``optimizer``, ``scheduler`` are your groups: any
     keys their ``_target_`` accepts (checked by ``litlab.config.signatures``)."""
 
-    trainer: TrainerConfig = MISSING
+    # Checked against lightning.Trainer's and the strategy's signature (litlab.config.signatures).
+    trainer: Any = MISSING
     strategy: Any = MISSING
     precision: PrecisionConfig = MISSING
     callbacks: dict[str, Any] = MISSING
@@ -197,11 +131,9 @@ def register() -> None:
 
     resolvers.register()
     store = ConfigStore.instance()
-    store.store(name="litlab_train_schema", node=TrainConfig)
+    store.store(name="litlab_train_schema", node=_train_schema())
     store.store(name="litlab_eval_schema", node=EvalConfig)
     options = {
-        "trainer": {"default": TrainerConfig},
-        "strategy": {"auto": StrategyConfig, "ddp": DDPStrategyConfig, "fsdp": FSDPStrategyConfig},
         "precision": {"default": PrecisionConfig},
         "oom": {"default": OomConfig},
         "storage": {"default": StorageConfig, "s3": S3StorageConfig, "gcs": GCSStorageConfig},
@@ -209,3 +141,13 @@ def register() -> None:
     for group, schemas in options.items():
         for name, node in schemas.items():
             store.store(group=f"schema/{group}", name=name, node=node, package=group)
+
+
+def _train_schema() -> DictConfig:
+    """TrainConfig with an open ``trainer`` node. Hydra closes the whole config before it applies the
+    command line; a node's own flag wins over its parent's, so ``trainer.sync_batchnorm=true`` can
+    set any lightning.Trainer argument that the YAML does not name (the signature check refuses typos)."""
+    node = OmegaConf.structured(TrainConfig)
+    node.trainer = {}
+    OmegaConf.set_struct(node.trainer, False)
+    return node

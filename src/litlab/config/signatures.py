@@ -1,16 +1,20 @@
-"""Keys of your groups checked against the signature of their ``_target_``, before anything runs.
+"""Keys of every ``_target_`` node checked against its target's signature, before anything runs.
 
-Your groups (model, data, optimizer, scheduler, and the engine's callbacks and logger entries) have
-no schema: a key is right when the class or function its node's ``_target_`` names accepts it. So
-adding an option to your code needs no schema code, and a typo (``model.net.hiden=3``) fails with
-one line naming the key, the file it is in and the keys that are accepted.
+Your groups (model, data, optimizer, scheduler) and the engine's (strategy, callbacks, logger) have
+no schema: a key is right when the class or function its node's ``_target_`` names accepts it, and
+``trainer`` is checked the same way against ``lightning.Trainer`` (``IMPLIED_TARGETS``), as
+LightningCLI does. So any argument of your code or of Lightning works without schema code, and a
+typo (``model.net.hiden=3``) fails with one line naming the key, the file it is in and the keys
+that are accepted. A value whose annotation is plain (int, float, bool, str, list, dict, None and
+their unions) is checked against it too (``trainer.max_epochs=abc``).
 
 The signature is read from the target's source with ``ast``, without importing it: a typo then fails
 in well under a second, with no torch or Lightning import (following ``from x import y``
 re-exports, base classes and ``functools.partial``-style ``_partial_`` nodes). Where the source
 cannot be read that way (a compiled module, an assignment, a decorator that changes the signature)
 the target is imported and inspected instead, which costs that module's import. A target that
-accepts ``**kwargs`` accepts any key, so its node is not checked.
+accepts ``**kwargs`` accepts any key, so its node is not checked, unless ``KEYWORDS_PASSED_ON``
+names the callable its keywords go to (Lightning's DDP and FSDP strategies pass them to torch).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,52 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError
 
 # Engine groups with a typed schema (litlab.config.schema): checked when composed, not here.
-SCHEMA_GROUPS = ("trainer", "strategy", "precision", "storage", "paths", "oom", "tune")
+SCHEMA_GROUPS = ("precision", "storage", "paths", "oom", "tune")
+# Nodes without a ``_target_`` key that litlab passes to one class as its keyword arguments.
+IMPLIED_TARGETS = {"trainer": "lightning.Trainer"}
+# Keys litlab reads itself in a ``_target_`` node, never passed to the target.
+ENGINE_KEYS = {"strategy": ("name",)}
+# lightning.Trainer arguments that litlab passes itself (a trainer key would pass them twice).
+SET_BY_LITLAB = {
+    "strategy": "from the strategy group: choose strategy=NAME",
+    "precision": "from the precision group: choose precision=NAME",
+    "callbacks": "from the callbacks group: choose callbacks=NAME or set callbacks.NAME.KEY",
+    "logger": "from the logger group: choose logger=NAME",
+    "plugins": "itself (its atomic checkpoint writer)",
+    "enable_checkpointing": "from the callbacks group (true when it has a checkpoint callback)",
+    "enable_progress_bar": "from the callbacks group (true when it has a progress bar)",
+    "default_root_dir": "itself (the run's folder: set paths.log_dir to move it)",
+}
+# Targets that take ``**kwargs`` only to pass them on: (the callable that receives them, the
+# arguments the target gives that callable itself). Checked by tests against the installed source.
+KEYWORDS_PASSED_ON = {
+    "lightning.pytorch.strategies.DDPStrategy": (
+        "torch.nn.parallel.DistributedDataParallel",
+        ("module", "device_ids"),
+    ),
+    "lightning.pytorch.strategies.FSDPStrategy": (
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+        ("module", "device_id"),
+    ),
+}
+# Decorators of an ``__init__`` that keep its signature (functools.wraps): Lightning's, which reads
+# the Trainer's defaults from PL_TRAINER_* environment variables.
+SIGNATURE_KEEPING_DECORATORS = ("_defaults_from_env_vars",)
 # Keys that Hydra's instantiate reads itself.
 _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+_PLAIN_TYPES = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "list": list,
+    "List": list,
+    "tuple": tuple,
+    "Tuple": tuple,
+    "dict": dict,
+    "Dict": dict,
+    "None": type(None),
+}
 
 
 @dataclass(frozen=True)
@@ -40,45 +87,113 @@ class Signature:
 
     names: tuple[str, ...]
     any_keyword: bool  # it takes **kwargs: every key is accepted
+    # The plain types each argument's annotation allows (those with other annotations are absent).
+    types: dict[str, frozenset[type]] = field(default_factory=dict, compare=False, hash=False)
 
 
 def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> None:
-    """Raise ConfigError for the first key of a ``_target_`` node that its target does not accept."""
-    for path, node in _target_nodes(cfg):
-        target = node.get("_target_")
+    """Raise ConfigError for the first key of a ``_target_`` node that its target does not accept,
+    or whose value its annotation refuses."""
+    for path, node, target in _target_nodes(cfg):
+        where = functools.partial(_where, cfg, overrides=overrides, config_dirs=config_dirs)
+        engine_keys = ENGINE_KEYS.get(path, ())
+        if target is None:  # `_target_: null` (strategy=auto): nothing is built from it
+            for key in node:
+                if str(key) not in _HYDRA_KEYS and str(key) not in engine_keys:
+                    full_key = f"{path}.{key}"
+                    raise ConfigError(
+                        f"unknown key '{full_key}' {where(full_key)}: {path} has _target_ null (nothing "
+                        f"is built from it), so it takes only {', '.join(engine_keys) or 'no keys'}"
+                    )
+            continue
         if not isinstance(target, str) or not target:
             continue
         try:
             signature = signature_of(target)
         except (ImportError, AttributeError) as error:
             raise ConfigError(
-                f"{path}._target_={target} {_where(cfg, f'{path}._target_', overrides, config_dirs)} "
+                f"{path}._target_={target} {where(f'{path}._target_')} "
                 f"cannot be imported ({type(error).__name__}: {error}): check the module and class name"
             ) from None
-        if signature is None or signature.any_keyword:
+        if signature is None:
             continue
         ignored = DATA_ENGINE_KEYS if path == "data" else ()
         for key in node:
             key = str(key)
-            if key in _HYDRA_KEYS or key in ignored or key in signature.names:
-                continue
             full_key = f"{path}.{key}"
-            accepted = ", ".join(signature.names) or "no arguments"
-            raise ConfigError(
-                f"unknown key '{full_key}' {_where(cfg, full_key, overrides, config_dirs)}: "
-                f"{target} accepts {accepted}"
-            )
+            if path == "trainer" and key in SET_BY_LITLAB:
+                raise ConfigError(
+                    f"'{full_key}' {where(full_key)} is not allowed: litlab passes {target} its {key} "
+                    f"{SET_BY_LITLAB[key]}"
+                )
+            if (key in _HYDRA_KEYS and path not in IMPLIED_TARGETS) or key in ignored or key in engine_keys:
+                continue
+            if key in signature.names:
+                _check_type(node, key, full_key, target, signature, where)
+            elif not signature.any_keyword:
+                accepted = ", ".join(_accepted(path, signature)) or "no arguments"
+                raise ConfigError(f"unknown key '{full_key}' {where(full_key)}: {target} accepts {accepted}")
 
 
-def _target_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
-    """(dotted path, node) of every ``_target_`` node outside the schema groups and ``hydra``.
-    Nodes reached through an interpolation (``optimizer: ${optimizer}``) are checked where they are."""
-    found: list[tuple[str, DictConfig]] = []
+def _accepted(path: str, signature: Signature) -> list[str]:
+    """The keys a node at ``path`` may set: its target's arguments less those litlab passes itself."""
+    return [name for name in signature.names if not (path == "trainer" and name in SET_BY_LITLAB)]
+
+
+def _check_type(
+    node: DictConfig, key: str, full_key: str, target: str, signature: Signature, where: Any
+) -> None:
+    """A value its argument's plain annotation refuses (``trainer.max_epochs=abc``): one line."""
+    allowed = signature.types.get(key)
+    child = node._get_node(key)
+    if not allowed or child is None or child._is_interpolation() or child._is_missing():
+        return
+    if isinstance(child, DictConfig):
+        if "_target_" in child:  # built into an object first: its own node is checked
+            return
+        value: Any = dict(child)
+    elif isinstance(child, ListConfig):
+        value = list(child)
+    else:
+        value = child._value()
+    if not _type_allows(allowed, value):
+        shown = OmegaConf.to_container(child) if OmegaConf.is_config(child) else _yaml(value)
+        names = " or ".join([*sorted(t.__name__ for t in allowed if t is not type(None)), "None"])
+        names = names if type(None) in allowed else names.removesuffix(" or None")
+        raise ConfigError(
+            f"{full_key}={shown} {where(full_key)} is not allowed: {target} takes {key} as {names}"
+        )
+
+
+def _yaml(value: Any) -> str:
+    """A plain value as it is written in YAML and on the command line."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _type_allows(allowed: frozenset[type], value: Any) -> bool:
+    if isinstance(value, bool):  # a bool is an int to Python, never what an int argument means
+        return bool in allowed
+    if isinstance(value, int):
+        return int in allowed or float in allowed
+    if isinstance(value, list):
+        return list in allowed or tuple in allowed
+    return any(isinstance(value, kind) for kind in allowed if kind is not bool)
+
+
+def _target_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig, Any]]:
+    """(dotted path, node, target) of every ``_target_`` node and ``IMPLIED_TARGETS`` node outside
+    the schema groups and ``hydra``. Nodes reached through an interpolation (``optimizer:
+    ${optimizer}``) are checked where they are."""
+    found: list[tuple[str, DictConfig, Any]] = []
 
     def walk(node: Any, path: str) -> None:
         if isinstance(node, DictConfig):
-            if "_target_" in node:
-                found.append((path, node))
+            if path in IMPLIED_TARGETS:  # built by litlab itself: a `_target_` key there is unknown too
+                found.append((path, node, IMPLIED_TARGETS[path]))
+            elif "_target_" in node:
+                found.append((path, node, node.get("_target_")))
             items = [(str(k), node._get_node(k)) for k in node]
         elif isinstance(node, ListConfig):
             items = [(str(i), node._get_node(i)) for i in range(len(node))]
@@ -149,7 +264,15 @@ def signature_of(target: str) -> Signature | None:
     if not module:
         return None
     found = _from_source(module, name, depth=0)
-    return found if found is not None else _from_import(module, name)
+    found = found if found is not None else _from_import(module, name)
+    if found is not None and found.any_keyword and target in KEYWORDS_PASSED_ON:
+        receiver_name, given = KEYWORDS_PASSED_ON[target]
+        receiver = signature_of(receiver_name)
+        if receiver is not None:
+            passed_on = [n for n in receiver.names if n not in given and n not in found.names]
+            types = {n: t for n, t in receiver.types.items() if n in passed_on} | found.types
+            return Signature(found.names + tuple(passed_on), receiver.any_keyword, types)
+    return found
 
 
 def _from_import(module: str, name: str) -> Signature | None:
@@ -240,14 +363,27 @@ def _class(
 ) -> Signature | None:
     if node.decorator_list:  # a dataclass or a decorator that may change the signature: import it
         return None
-    for statement in node.body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == "__init__":
-            return None if statement.decorator_list else _arguments(statement.args, skip_first=True)
+    for method in ("__init__", "__new__"):
+        for statement in node.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == method:
+                if any(
+                    _decorator_name(d) not in SIGNATURE_KEEPING_DECORATORS for d in statement.decorator_list
+                ):
+                    return None
+                return _arguments(statement.args, skip_first=True)
     for base in node.bases:  # no __init__ of its own: the first base that defines one
         found = _base(base, module, tree, is_package, depth)
         if found is not None:
             return found
     return None
+
+
+def _decorator_name(decorator: ast.expr) -> str | None:
+    if isinstance(decorator, ast.Call):
+        decorator = decorator.func
+    if isinstance(decorator, ast.Name):
+        return decorator.id
+    return decorator.attr if isinstance(decorator, ast.Attribute) else None
 
 
 def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth: int) -> Signature | None:
@@ -275,8 +411,61 @@ def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth
 
 
 def _arguments(arguments: ast.arguments, skip_first: bool) -> Signature:
-    positional = [a.arg for a in arguments.args]
-    if skip_first and positional:
-        positional = positional[1:]
-    names = tuple(positional + [a.arg for a in arguments.kwonlyargs])
-    return Signature(names, arguments.kwarg is not None)
+    positional = arguments.posonlyargs + arguments.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
+    pairs = list(zip(positional, defaults + arguments.defaults, strict=True))[1 if skip_first else 0 :]
+    pairs = [(a, d) for a, d in pairs if a not in arguments.posonlyargs]  # not passed by name
+    pairs += list(zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True))
+    types = {}
+    for argument, default in pairs:
+        allowed = _annotation_types(argument.annotation)
+        if (
+            argument.annotation is None
+            and isinstance(default, ast.Constant)
+            and isinstance(default.value, bool)
+        ):
+            allowed = frozenset({bool})  # `static_graph=False`: a switch
+        if allowed is not None:
+            none_default = isinstance(default, ast.Constant) and default.value is None
+            types[argument.arg] = allowed | {type(None)} if none_default else allowed
+    return Signature(tuple(a.arg for a, _ in pairs), arguments.kwarg is not None, types)
+
+
+def _annotation_types(annotation: ast.expr | None) -> frozenset[type] | None:
+    """The plain types an annotation allows (``Optional[int]``: int and None); None when it names
+    anything else, so that the value is not checked (``Union[str, timedelta]``, a class, an alias)."""
+    if isinstance(annotation, ast.Constant):
+        if annotation.value is None:
+            return frozenset({type(None)})
+        if isinstance(annotation.value, str):  # a quoted annotation
+            try:
+                return _annotation_types(ast.parse(annotation.value, mode="eval").body)
+            except SyntaxError:
+                return None
+        return None
+    if isinstance(annotation, (ast.Name, ast.Attribute)):
+        plain = _PLAIN_TYPES.get(_decorator_name(annotation) or "")
+        return frozenset({plain}) if plain else None
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _union([annotation.left, annotation.right])
+    if isinstance(annotation, ast.Subscript):
+        outer = _decorator_name(annotation.value)
+        inner = annotation.slice
+        members = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+        if outer == "Optional":
+            return _union([*members, ast.Constant(None)])
+        if outer == "Union":
+            return _union(members)
+        if outer in _PLAIN_TYPES:  # list[int]: a list (its items are not checked)
+            return frozenset({_PLAIN_TYPES[outer]})
+    return None
+
+
+def _union(members: list[ast.expr]) -> frozenset[type] | None:
+    allowed: set[type] = set()
+    for member in members:
+        types = _annotation_types(member)
+        if types is None:
+            return None
+        allowed |= types
+    return frozenset(allowed)

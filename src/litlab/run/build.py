@@ -364,7 +364,7 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         input_wait,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
     ]
-    if cfg.trainer.enable_model_summary:  # Lightning's, without a FLOPs column of zeros
+    if cfg.trainer.get("enable_model_summary") is not False:  # on unless false, as in Lightning
         callbacks.append(ModelSummaryWithMeasuredFlops())
     trial = trial_from_env()
     if trial is not None:  # an Optuna trial (hparams_search=optuna): reports, and stops when pruned

@@ -49,7 +49,7 @@ def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
     """A LitlabError (one line) when this machine cannot run the trainer's accelerator, or the
     strategy on it. (Every precision builds on every accelerator Lightning has: fp16 runs as bf16 on
     a CPU, with a warning; what a precision does to training shows in it, e.g. the non-finite guard.)"""
-    accelerator = str(trainer.accelerator)
+    accelerator = str(trainer.get("accelerator", "auto"))
     check_gpus_available(trainer)
     available = available_devices()
     device = device_of(accelerator, available)
@@ -75,7 +75,8 @@ def trainer_errors(trainer: DictConfig, strategy: DictConfig, precision: DictCon
         yield
     except (ValueError, MisconfigurationException, ImportError) as error:
         options = (
-            f"trainer.accelerator={trainer.accelerator} strategy={strategy.name} precision={precision.name}"
+            f"trainer.accelerator={trainer.get('accelerator', 'auto')} strategy={strategy.name} "
+            f"precision={precision.name}"
         )
         reason = " ".join(str(error).split())
         raise LitlabError(

@@ -163,8 +163,9 @@ def prepare_run(cfg: DictConfig) -> Run:
     if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
         run.lock = RunLock(storage)
         run.lock.acquire()
+    debug_run = bool(cfg.trainer.get("fast_dev_run"))
     run.resume = resume.decide(
-        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=bool(cfg.trainer.fast_dev_run)
+        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=debug_run
     )
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))

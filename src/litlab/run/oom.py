@@ -171,9 +171,9 @@ def _why_not_retry(cfg: DictConfig, run: Run, shrinks: int, step: int) -> str | 
 def _halve_micro_batch(cfg: DictConfig) -> None:
     if cfg.data.get("global_batch_size") is None:  # otherwise the micro-batch is derived from accumulation
         cfg.data.batch_size //= 2
-    cfg.trainer.accumulate_grad_batches *= 2
+    cfg.trainer.accumulate_grad_batches = cfg.trainer.get("accumulate_grad_batches", 1) * 2
     for key in _BATCH_COUNTS:
-        value = cfg.trainer[key]
+        value = cfg.trainer.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             cfg.trainer[key] = value * 2
 
