@@ -145,7 +145,6 @@ class BlobsDataModule(InMemoryImages):
 _target_: myproject.vision.blobs.BlobsDataModule
 num_samples: 400
 batch_size: 32
-global_batch_size: null
 """,
     "configs/experiment/blobs_wide.yaml": """
 # @package _global_

@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError
+from litlab.config.rules import ConfigError
 
 # Engine groups with a typed schema (litlab.config.schema): checked when composed, not here.
 SCHEMA_GROUPS = ("trainer", "strategy", "precision", "storage", "paths", "oom", "tune")
@@ -57,10 +57,9 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
             ) from None
         if signature is None or signature.any_keyword:
             continue
-        ignored = DATA_ENGINE_KEYS if path == "data" else ()
         for key in node:
             key = str(key)
-            if key in _HYDRA_KEYS or key in ignored or key in signature.names:
+            if key in _HYDRA_KEYS or key in signature.names:
                 continue
             full_key = f"{path}.{key}"
             accepted = ", ".join(signature.names) or "no arguments"

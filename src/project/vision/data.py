@@ -81,15 +81,8 @@ class InMemoryImages(L.LightningDataModule):
         )
 
     def _loader(self, split: str, shuffle: bool, transform: Any = None) -> TensorBatches:
-        trainer = self.trainer
         return TensorBatches(
-            self.splits[split],
-            self.batch_size,
-            shuffle=shuffle,
-            seed=self.split_seed,
-            rank=trainer.global_rank if trainer is not None else 0,
-            world_size=trainer.world_size if trainer is not None else 1,
-            transform=transform,
+            self.splits[split], self.batch_size, shuffle=shuffle, seed=self.split_seed, transform=transform
         )
 
     def train_dataloader(self) -> TensorBatches:
