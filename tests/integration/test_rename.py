@@ -112,9 +112,9 @@ class WideMLP(MLP):
 ''',
     "configs/model/wide.yaml": """
 _target_: myproject.vision.module.ImageClassifier
+_recursive_: false
 net:
   _target_: myproject.vision.wide.WideMLP
-  _partial_: true
   width: 96
 optimizer: ${optimizer}
 scheduler: ${scheduler}
