@@ -43,18 +43,21 @@ class KeepTrainedOutputs(Callback):
         pl_module.train()
 
 
+PACKAGES = ("litlab", "project")
+
+
 @contextlib.contextmanager
 def engine_unimportable() -> Iterator[None]:
     """``import litlab`` fails, and the example tasks are imported afresh (so any import of the engine
     in them would fail too); everything is put back afterwards."""
-    kept = {name: module for name, module in sys.modules.items() if name.split(".")[0] in ("litlab", "project")}
+    kept = {name: module for name, module in sys.modules.items() if name.split(".")[0] in PACKAGES}
     for name in kept:
         del sys.modules[name]
     sys.modules["litlab"] = None  # type: ignore[assignment]
     try:
         yield
     finally:
-        for name in [n for n in sys.modules if n.split(".")[0] in ("litlab", "project")]:
+        for name in [n for n in sys.modules if n.split(".")[0] in PACKAGES]:
             del sys.modules[name]
         sys.modules.update(kept)
 
