@@ -60,6 +60,11 @@ def test_the_default_config_passes(cfg):
         ({"data__batch_size": 2.5}, "data.batch_size=2.5 is not allowed"),
         ({"global_batch_size": 0}, "global_batch_size=0 is not allowed"),
         (
+            {"data__global_batch_size": 96},
+            "data.global_batch_size=96 is not a key of your data config: remove it there and set the "
+            "top-level global_batch_size",
+        ),
+        (
             {"trainer__devices": 0},
             "trainer.devices=0 is not allowed: use a positive integer, a list of device",
         ),

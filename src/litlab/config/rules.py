@@ -103,6 +103,12 @@ def check(cfg: DictConfig) -> None:
     _positive("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
     _positive("trainer.num_nodes", trainer.num_nodes)
     _positive("data.batch_size", data.batch_size)
+    if "global_batch_size" in data:  # where it was before it became the engine's own key
+        raise ConfigError(
+            f"data.global_batch_size={data.get('global_batch_size')} is not a key of your data config: "
+            "remove it there and set the top-level global_batch_size (on the command line or in "
+            "configs/train.yaml) to fix the effective batch"
+        )
     if cfg.global_batch_size is not None:
         _positive("global_batch_size", cfg.global_batch_size)
     devices = trainer.devices
