@@ -180,8 +180,7 @@ def vision_task(cfg: Any, data: Any) -> tuple[Any, tuple[Any, ...], Callable[...
     import torch
     from hydra.utils import instantiate
 
-    make_net = instantiate(cfg.model.net, _convert_="all")
-    net = make_net(image_shape=data.image_shape, num_classes=data.num_classes)
+    net = instantiate(cfg.model.net, image_shape=data.image_shape, num_classes=data.num_classes)
 
     def loss(images: Any, labels: Any) -> Any:
         return torch.nn.functional.cross_entropy(net(images), labels)
@@ -194,8 +193,7 @@ def char_lm_task(cfg: Any, data: Any) -> tuple[Any, tuple[Any, ...], Callable[..
     import torch
     from hydra.utils import instantiate
 
-    make_net = instantiate(cfg.model.net, _convert_="all")
-    net = make_net(vocab_size=data.vocab_size, block_size=data.block_size)
+    net = instantiate(cfg.model.net, vocab_size=data.vocab_size, block_size=data.block_size)
 
     def loss(sequences: Any) -> Any:
         logits = net(sequences[:, :-1])

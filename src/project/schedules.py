@@ -2,16 +2,16 @@
 
 configs/scheduler/*.yaml are partials of these: each takes the optimizer and the run's total number
 of optimizer steps (``trainer.estimated_stepping_batches``) and returns a scheduler, Lightning's
-``lr_scheduler`` dict, or None for a constant learning rate. ``optimizers`` is what the example
-modules' ``configure_optimizers`` return.
+``lr_scheduler`` dict, or None for a constant learning rate. ``optimizers`` builds what the example
+modules' ``configure_optimizers`` return from their optimizer and scheduler configs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+from hydra.utils import instantiate
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import (
     CosineAnnealingLR,
@@ -24,16 +24,16 @@ from torch.optim.lr_scheduler import (
 
 
 def optimizers(
-    module: L.LightningModule,
-    make_optimizer: Callable[..., Optimizer],
-    make_scheduler: Callable[..., Any] | None,
+    module: L.LightningModule, optimizer_config: dict[str, Any], scheduler_config: dict[str, Any] | None
 ) -> Any:
     """The optimizer over the module's parameters, with its schedule if there is one (stepped every
-    optimizer step, unless the schedule says otherwise)."""
-    optimizer = make_optimizer(module.parameters())
+    optimizer step, unless the schedule says otherwise). Both configs are partials (``_partial_:
+    true``): the optimizer is called with the parameters, the schedule with the optimizer."""
+    optimizer = instantiate(optimizer_config)(module.parameters())
     schedule = None
-    if make_scheduler is not None:
-        schedule = make_scheduler(optimizer, total_steps=module.trainer.estimated_stepping_batches)
+    if scheduler_config is not None:
+        make_schedule = instantiate(scheduler_config)
+        schedule = make_schedule(optimizer, total_steps=module.trainer.estimated_stepping_batches)
     if schedule is None:
         return optimizer
     if not isinstance(schedule, dict):

@@ -52,8 +52,8 @@ CASES = {
     ),
     "global batch does not divide": Case(
         "litlab-train",
-        ["data.global_batch_size=100", "trainer.accumulate_grad_batches=3"],
-        ["data.global_batch_size=100", "3"],
+        ["global_batch_size=100", "trainer.accumulate_grad_batches=3"],
+        ["global_batch_size=100", "3"],
     ),
     "unknown group option": Case("litlab-train", ["precision=fp61"], ["fp61", "precision", "bf16", "fp32"]),
     "experiment that does not exist": Case(

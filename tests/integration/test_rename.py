@@ -112,9 +112,9 @@ class WideMLP(MLP):
 ''',
     "configs/model/wide.yaml": """
 _target_: myproject.vision.module.ImageClassifier
+_recursive_: false
 net:
   _target_: myproject.vision.wide.WideMLP
-  _partial_: true
   width: 96
 optimizer: ${optimizer}
 scheduler: ${scheduler}
@@ -145,7 +145,6 @@ class BlobsDataModule(InMemoryImages):
 _target_: myproject.vision.blobs.BlobsDataModule
 num_samples: 400
 batch_size: 32
-global_batch_size: null
 """,
     "configs/experiment/blobs_wide.yaml": """
 # @package _global_

@@ -151,7 +151,7 @@ def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_pat
     result, sweep_dir = sweep(
         tmp_path,
         "-m",
-        "data.global_batch_size=96",
+        "global_batch_size=96",
         "trainer.accumulate_grad_batches=5,2",
         *SWEEP_TINY,
         expect_ok=False,
@@ -159,7 +159,7 @@ def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_pat
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     failed, completed = summaries(sweep_dir)
     assert failed["status"] == "failed"
-    assert "data.global_batch_size=96" in failed["error"] and "5" in failed["error"]
+    assert "global_batch_size=96" in failed["error"] and "5" in failed["error"]
     # Found by the sweep before the job's process would start: none did.
     assert not (job_dirs(sweep_dir)[0] / "output.log").exists()
     assert completed["status"] == "completed"

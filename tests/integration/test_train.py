@@ -42,7 +42,7 @@ def test_overrides_reach_the_trainer_and_the_summary(log_dir):
 
 
 def test_global_batch_size_derives_the_micro_batch(log_dir):
-    ok(litlab("litlab-train", "data.global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
+    ok(litlab("litlab-train", "global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
     (run,) = run_dirs(log_dir)
     result = summary(run)
     assert (result["micro_batch_size"], result["effective_batch_size"]) == (32, 96)

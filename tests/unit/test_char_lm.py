@@ -88,8 +88,10 @@ def test_val_loss_is_the_mean_per_character_and_perplexity_its_exponential(tmp_p
     # 357 validation sequences in batches of 32: the last batch is short, so a mean of batch means
     # would differ from the mean over characters.
     data = CharCorpus(batch_size=32, block_size=64)
-    module = CharLM(net=lambda **sizes: CausalTransformer(**sizes, layers=1, heads=2, head_width=8),
-                    optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1))  # fmt: skip
+    module = CharLM(
+        net={"_target_": "project.char_lm.nets.CausalTransformer", "layers": 1, "heads": 2, "head_width": 8},
+        optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
+    )
     trainer = L.Trainer(
         accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp_path,

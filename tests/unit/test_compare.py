@@ -45,7 +45,8 @@ def write_job(
     config = {
         "optimized_metric": "val/acc",
         "trainer": {"accumulate_grad_batches": accumulation, "devices": devices, "num_nodes": 1},
-        "data": {"batch_size": 32, "global_batch_size": None},
+        "data": {"batch_size": 32},
+        "global_batch_size": None,
         **values,
     }
     measured = status == "completed" if measured is None else measured  # a failed run may have figures

@@ -58,7 +58,12 @@ def test_the_default_config_passes(cfg):
         ({"data__batch_size": 0}, "data.batch_size=0 is not allowed: use a positive integer"),
         ({"data__batch_size": True}, "data.batch_size=True is not allowed"),
         ({"data__batch_size": 2.5}, "data.batch_size=2.5 is not allowed"),
-        ({"data__global_batch_size": 0}, "data.global_batch_size=0 is not allowed"),
+        ({"global_batch_size": 0}, "global_batch_size=0 is not allowed"),
+        (
+            {"data__global_batch_size": 96},
+            "data.global_batch_size=96 is not a key of your data config: remove it there and set the "
+            "top-level global_batch_size",
+        ),
         (
             {"trainer__devices": 0},
             "trainer.devices=0 is not allowed: use a positive integer, a list of device",
@@ -91,8 +96,8 @@ def test_the_default_config_passes(cfg):
         ({"tune__steps_per_trial": 0}, "tune.steps_per_trial=0 is not allowed"),
         ({"tune__max_val": 0}, "tune.max_val=0 is not allowed"),
         (
-            {"tune__batch_size": True, "data__global_batch_size": 64},
-            "tune.batch_size=true cannot tune data.global_batch_size=64: set one of them, not both",
+            {"tune__batch_size": True, "global_batch_size": 64},
+            "tune.batch_size=true cannot tune global_batch_size=64: set one of them, not both",
         ),
         (
             {"tune__batch_size": True, "trainer__devices": 2, "trainer__accelerator": "cpu"},
@@ -103,13 +108,13 @@ def test_the_default_config_passes(cfg):
             "tune.batch_size=true runs on one device, not trainer.devices=1 trainer.num_nodes=2",
         ),
         (
-            {"data__global_batch_size": 63, "trainer__devices": 2, "trainer__accumulate_grad_batches": 2},
-            "data.global_batch_size=63 does not divide into devices x num_nodes x accumulate_grad_batches "
+            {"global_batch_size": 63, "trainer__devices": 2, "trainer__accumulate_grad_batches": 2},
+            "global_batch_size=63 does not divide into devices x num_nodes x accumulate_grad_batches "
             "= 2 x 1 x 2",
         ),
         (
-            {"data__global_batch_size": 63, "trainer__num_nodes": 2, "trainer__accumulate_grad_batches": 2},
-            "data.global_batch_size=63 does not divide into 2 ranks x accumulate_grad_batches=2",
+            {"global_batch_size": 63, "trainer__num_nodes": 2, "trainer__accumulate_grad_batches": 2},
+            "global_batch_size=63 does not divide into 2 ranks x accumulate_grad_batches=2",
         ),
     ],
 )
@@ -131,7 +136,7 @@ def test_a_bad_value_is_refused_with_one_sentence_naming_it(cfg, values, message
         {"trainer__gradient_clip_val": 0.0},
         {"trainer__gradient_clip_val": None},
         {"trainer__gradient_clip_algorithm": "value"},
-        {"data__global_batch_size": 64, "trainer__devices": 2, "trainer__accelerator": "cpu"},
+        {"global_batch_size": 64, "trainer__devices": 2, "trainer__accelerator": "cpu"},
         {"tune__batch_size": True, "trainer__devices": 1},
     ],
 )
@@ -224,42 +229,49 @@ def test_device_count_reads_every_form_of_trainer_devices(devices, count):
 
 
 @pytest.mark.parametrize(
-    ("data", "trainer", "world_size", "expected"),
+    ("data", "trainer", "world_size", "expected", "global_batch"),
     [
         (
             {"batch_size": 8},
             {"devices": 2, "num_nodes": 3, "accumulate_grad_batches": 4},
             None,
             (8, 4, 6, 192),
+            None,
         ),
         (
             {"batch_size": 8},
             {"devices": "auto", "num_nodes": 1, "accumulate_grad_batches": 1},
             None,
             (8, 1, 1, 8),
+            None,
         ),
         (
             {"batch_size": 8},
             {"devices": "auto", "num_nodes": 1, "accumulate_grad_batches": 1},
             4,
             (8, 1, 4, 32),
+            None,
         ),
         (
-            {"batch_size": 8, "global_batch_size": 96},
+            {"batch_size": 8},
             {"devices": 2, "num_nodes": 2, "accumulate_grad_batches": 3},
             None,
             (8, 3, 4, 96),
+            96,
         ),
         (
-            {"batch_size": 999, "global_batch_size": 64},
+            {"batch_size": 999},
             {"devices": 1, "num_nodes": 1, "accumulate_grad_batches": 2},
             None,
             (32, 2, 1, 64),
+            64,
         ),
     ],
 )
-def test_batch_sizes_derive_the_micro_batch_and_the_effective_batch(data, trainer, world_size, expected):
-    sizes = rules.batch_sizes(OmegaConf.create(data), OmegaConf.create(trainer), world_size)
+def test_batch_sizes_derive_the_micro_batch_and_the_effective_batch(
+    data, trainer, world_size, expected, global_batch
+):
+    sizes = rules.batch_sizes(OmegaConf.create(data), OmegaConf.create(trainer), world_size, global_batch)
     assert sizes == BatchSizes(*expected)
     assert all(type(size) is int for size in (sizes.micro, sizes.effective))  # a batch is whole samples
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -74,21 +76,42 @@ def test_loader_resumes_exactly_where_it_stopped():
     assert len(list(finished)) == len(full)
 
 
-def test_ranks_share_the_epoch_without_overlap():
+@contextlib.contextmanager
+def rank_of(rank: int, world_size: int) -> Iterator[None]:
+    """This process as ``rank`` of a ``world_size``-rank process group that communicates nothing
+    (torch's fake backend): what a loader reads of the process group, without other processes."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_ranks_find_their_share_of_the_epoch_from_the_process_group_without_overlap():
     labels = torch.arange(21)
-    shards = [
-        TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=True, rank=r, world_size=2)
-        for r in (0, 1)
-    ]
-    seen = [torch.cat([y for _, y in shard]).tolist() for shard in shards]
+
+    def shards(shuffle: bool) -> list[list[int]]:
+        seen = []
+        for rank in (0, 1):
+            with rank_of(rank, 2):
+                loader = TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=shuffle)
+                seen.append(torch.cat([y for _, y in loader]).tolist())
+        return seen
+
+    seen = shards(shuffle=True)
     assert len(seen[0]) == len(seen[1]) == 11  # padded to equal steps
     assert set(seen[0]) | set(seen[1]) == set(range(21))
-    evaluation = [
-        TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=False, rank=r, world_size=2)
-        for r in (0, 1)
-    ]
-    counted = sorted(torch.cat([y for s in evaluation for _, y in s]).tolist())
+    counted = sorted(shards(shuffle=False)[0] + shards(shuffle=False)[1])
     assert counted == list(range(21))  # evaluation counts every sample exactly once
+    explicit = TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=True, rank=1, world_size=2)
+    assert torch.cat([y for _, y in explicit]).tolist() == seen[1]
+    # ResumableDataLoader, the loader over a Dataset, finds its rank the same way.
+    with rank_of(1, 2):
+        resumable = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3)
+    assert (resumable.sampler.rank, resumable.sampler.num_replicas) == (1, 2)
+    assert len(resumable) == 5  # ceil(37 / 2) = 19 samples in batches of 4
 
 
 def test_augmentation_is_reproducible_and_leaves_the_global_rng_alone():

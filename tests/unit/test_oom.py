@@ -12,7 +12,7 @@ def test_advice_names_only_what_would_help():
     def words(micro: int, precision: str = "32-true", global_batch: int | None = None, action: str = "fail"):
         cfg = OmegaConf.create(
             {
-                "data": {"global_batch_size": global_batch},
+                "global_batch_size": global_batch,
                 "precision": {"value": precision},
                 "oom": {"action": action},
             }
@@ -25,6 +25,6 @@ def test_advice_names_only_what_would_help():
     assert "data.batch_size=32 trainer.accumulate_grad_batches=4" in full and "precision=bf16" in full
     assert "precision=" not in words(64, precision="bf16-mixed")  # already 16-bit
     assert "data.batch_size" not in words(1) and "oom=auto_shrink" not in words(1)  # cannot shrink
-    assert "data.global_batch_size stays 128" in words(64, global_batch=128)
+    assert "global_batch_size stays 128" in words(64, global_batch=128)
     assert "oom=auto_shrink" not in words(64, action="auto_shrink")
     assert "a GPU with more memory" in words(1, precision="bf16-mixed")

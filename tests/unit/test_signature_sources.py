@@ -277,7 +277,7 @@ def test_nested_and_listed_nodes_are_checked_where_they_are(package):
 def test_what_the_check_leaves_alone(package):
     fine = {
         "model": {"_target_": "sigpkg.Net", "width": 1, "_partial_": True, "_recursive_": False},
-        "data": {"_target_": "sigpkg.Net", "width": 1, "global_batch_size": 8},  # an engine key
+        "data": {"_target_": "sigpkg.Net", "width": 1},
         "optimizer": {"_target_": "sigpkg.models.plain", "anything": 1},  # **options
         "other": {"_target_": "len", "x": 1},  # no module: no signature
         "empty": {"_target_": "", "x": 1},
@@ -290,8 +290,8 @@ def test_what_the_check_leaves_alone(package):
         "scalar": 3,
     }
     signatures.check(config(**fine), [], [])
-    with pytest.raises(ConfigError):  # the engine key is ignored in data only
-        signatures.check(config(model={"_target_": "sigpkg.Net", "global_batch_size": 8}), [], [])
+    with pytest.raises(ConfigError):  # no engine key hides in your groups: data is checked as any other
+        signatures.check(config(data={"_target_": "sigpkg.Net", "global_batch_size": 8}), [], [])
 
 
 def test_nodes_after_a_skipped_one_are_still_checked(package):

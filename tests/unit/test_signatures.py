@@ -127,11 +127,11 @@ def test_a_key_set_on_the_command_line_is_named_as_such(tmp_path):
     [
         [],
         ["model=resnet", "data=synthetic"],
-        ["data.global_batch_size=128"],
+        ["global_batch_size=128"],
         ["scheduler=cosine"],
         ["experiment=digits_cnn"],
     ],
-    ids=["default", "resnet", "engine key in data", "scheduler", "experiment"],
+    ids=["default", "resnet", "global batch", "scheduler", "experiment"],
 )
 def test_the_shipped_configs_pass(overrides, tmp_path):
     signatures.check(compose_train(overrides, tmp_path), overrides, [CONFIG_DIR])

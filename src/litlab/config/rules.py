@@ -19,8 +19,6 @@ NONFINITE_ACTIONS = ("fail", "skip")
 OOM_ACTIONS = ("fail", "auto_shrink")
 TUNE_MODES = ("power", "binsearch")
 METRIC_MODES = ("min", "max")
-# Engine keys in your data group: read by litlab, never passed to your datamodule's constructor.
-DATA_ENGINE_KEYS = ("global_batch_size",)
 
 
 class ConfigError(ValueError):
@@ -50,22 +48,24 @@ def device_count(devices: Any) -> int | None:
     return len(devices)  # a list of device indices
 
 
-def batch_sizes(data: DictConfig, trainer: DictConfig, world_size: int | None = None) -> BatchSizes:
-    """The micro-batch and effective batch of a run; derives the micro-batch from a global batch."""
+def batch_sizes(
+    data: DictConfig, trainer: DictConfig, world_size: int | None = None, global_batch: int | None = None
+) -> BatchSizes:
+    """The micro-batch and effective batch of a run; derives the micro-batch from ``global_batch``
+    (the config's top-level ``global_batch_size``) when that is set."""
     nodes = trainer.get("num_nodes", 1)  # a key the trainer YAML leaves out has Lightning's default
     if world_size is None:
         world_size = (device_count(trainer.get("devices", "auto")) or 1) * nodes
     accumulation = trainer.get("accumulate_grad_batches", 1)
     micro = data.batch_size
-    global_batch = data.get("global_batch_size")
     if global_batch is not None:
         per_step = world_size * accumulation
         if global_batch % per_step != 0:
             raise ConfigError(
-                f"data.global_batch_size={global_batch} does not divide into "
+                f"global_batch_size={global_batch} does not divide into "
                 f"devices x num_nodes x accumulate_grad_batches = {world_size} x 1 x {accumulation}"
                 if nodes == 1
-                else f"data.global_batch_size={global_batch} does not divide into "
+                else f"global_batch_size={global_batch} does not divide into "
                 f"{world_size} ranks x accumulate_grad_batches={accumulation}"
             )
         micro = global_batch // per_step
@@ -105,8 +105,14 @@ def check(cfg: DictConfig) -> None:
     _positive("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1))
     _positive("trainer.num_nodes", trainer.get("num_nodes", 1))
     _positive("data.batch_size", data.batch_size)
-    if data.get("global_batch_size") is not None:
-        _positive("data.global_batch_size", data.global_batch_size)
+    if "global_batch_size" in data:  # where it was before it became the engine's own key
+        raise ConfigError(
+            f"data.global_batch_size={data.get('global_batch_size')} is not a key of your data config: "
+            "remove it there and set the top-level global_batch_size (on the command line or in "
+            "configs/train.yaml) to fix the effective batch"
+        )
+    if cfg.global_batch_size is not None:
+        _positive("global_batch_size", cfg.global_batch_size)
     devices = trainer.get("devices", "auto")
     if not (devices == "auto" or device_count(devices)):
         raise ConfigError(
@@ -118,7 +124,7 @@ def check(cfg: DictConfig) -> None:
             f"precision.value={cfg.precision.value} is not allowed: use one of " + ", ".join(PRECISION_VALUES)
         )
     _one_of("optimized_metric_mode", cfg.optimized_metric_mode, METRIC_MODES)
-    batch_sizes(data, trainer)  # raises when a fixed global batch does not divide
+    batch_sizes(data, trainer, global_batch=cfg.global_batch_size)  # raises when it does not divide
     check_runtime_options(cfg)
 
 
@@ -152,10 +158,10 @@ def check_runtime_options(cfg: DictConfig) -> None:
     _one_of("tune.mode", tune.mode, TUNE_MODES)
     for key in ("init_val", "max_trials", "steps_per_trial", "max_val"):
         _positive(f"tune.{key}", tune[key])
-    global_batch = cfg.data.get("global_batch_size")
+    global_batch = cfg.global_batch_size
     if tune.batch_size and global_batch is not None:
         raise ConfigError(
-            f"tune.batch_size=true cannot tune data.global_batch_size={global_batch}: "
+            f"tune.batch_size=true cannot tune global_batch_size={global_batch}: "
             "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
         )
     nodes = trainer.get("num_nodes", 1)

@@ -103,6 +103,7 @@ class TrainConfig:
     run_name: str | None = MISSING
     resume: str = MISSING  # auto, never, or the path/URL of a checkpoint
     seed: int = MISSING
+    global_batch_size: int | None = MISSING  # fixes the effective batch; data.batch_size is derived
     compile: bool = MISSING  # torch.compile the LightningModule's forward
     test_after_fit: bool = MISSING
     optimized_metric: str = MISSING

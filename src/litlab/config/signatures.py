@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError
+from litlab.config.rules import ConfigError
 
 # Engine groups with a typed schema (litlab.config.schema): checked when composed, not here.
 SCHEMA_GROUPS = ("precision", "storage", "paths", "oom", "tune")
@@ -117,7 +117,6 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
             ) from None
         if signature is None:
             continue
-        ignored = DATA_ENGINE_KEYS if path == "data" else ()
         for key in node:
             key = str(key)
             full_key = f"{path}.{key}"
@@ -126,7 +125,7 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
                     f"'{full_key}' {where(full_key)} is not allowed: litlab passes {target} its {key} "
                     f"{SET_BY_LITLAB[key]}"
                 )
-            if (key in _HYDRA_KEYS and path not in IMPLIED_TARGETS) or key in ignored or key in engine_keys:
+            if (key in _HYDRA_KEYS and path not in IMPLIED_TARGETS) or key in engine_keys:
                 continue
             if key in signature.names:
                 _check_type(node, key, full_key, target, signature, where)

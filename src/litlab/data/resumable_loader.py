@@ -5,7 +5,7 @@ every checkpoint and restored by Lightning). On its own that is not exact at eve
 can resume from, so this class also makes sure that:
 
 - the shuffled order depends only on (seed, epoch) (a ``DistributedSampler``, sharded across ranks
-  when a process group exists, so Lightning leaves it in place under DDP);
+  when a process group exists, as ``TensorBatches`` is, so Lightning leaves it in place under DDP);
 - a position saved in an earlier epoch is dropped when the run resumes into a later one (a
   checkpoint after an epoch's last batch, during its validation, with ``limit_train_batches``);
 - the iterator is made at the first batch, after Lightning has told the sampler the epoch (it
@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+from litlab.data.tensor_batches import rank_and_world_size
 
 
 class _EpochSampler(DistributedSampler):
@@ -63,16 +65,19 @@ class _SeededSamples(Dataset):
 
 class ResumableDataLoader(StatefulDataLoader):
     def __init__(
-        self, dataset: Dataset, batch_size: int = 1, *, shuffle: bool = False, seed: int = 0, **kwargs: Any
+        self,
+        dataset: Dataset,
+        batch_size: int = 1,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        sampler = _EpochSampler(
-            dataset,
-            num_replicas=torch.distributed.get_world_size() if distributed else 1,
-            rank=torch.distributed.get_rank() if distributed else 0,
-            shuffle=shuffle,
-            seed=seed,
-        )
+        """``rank`` and ``world_size`` default to the process group's (0 of 1 without one)."""
+        rank, world_size = rank_and_world_size(rank, world_size)
+        sampler = _EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
         super().__init__(
             _SeededSamples(dataset, seed),
             batch_size=batch_size,

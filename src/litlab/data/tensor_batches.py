@@ -21,9 +21,21 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 
+def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """This process's rank and the number of ranks, from the process group when one exists (as
+    ``torch.utils.data.DistributedSampler`` finds them); 0 of 1 otherwise. Given values win."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if rank is None:
+        rank = torch.distributed.get_rank() if distributed else 0
+    if world_size is None:
+        world_size = torch.distributed.get_world_size() if distributed else 1
+    return rank, world_size
+
+
 class TensorBatches:
     """Iterates batches of in-memory tensors (any number of them, indexed together along their first
-    dimension: (inputs, targets), (tokens,) ...), sharded across ranks.
+    dimension: (inputs, targets), (tokens,) ...), sharded across ranks: each rank finds its share
+    from the process group, as ``ResumableDataLoader`` does (``rank`` and ``world_size`` override it).
 
     Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
     i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i),
@@ -31,8 +43,7 @@ class TensorBatches:
     consumed, and ``load_state_dict`` makes the next ``iter()`` continue there. Use it from your
     datamodule's ``train_dataloader`` (and, unshuffled, for evaluation)::
 
-        return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed,
-                             rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+        return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed)
     """
 
     def __init__(
@@ -40,17 +51,18 @@ class TensorBatches:
         tensors: Sequence[Tensor],
         batch_size: int,
         *,
-        shuffle: bool,
+        shuffle: bool = False,
         seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
         transform: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.tensors = tuple(tensors)
         if not self.tensors or len({len(t) for t in self.tensors}) != 1:
             raise ValueError("TensorBatches needs one or more tensors of the same length (first dimension)")
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.rank, self.world_size, self.transform = rank, world_size, transform
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.transform = transform
         # Training shards are padded to equal length (every rank must take the same number of
         # optimizer steps); evaluation shards are not, so metrics count every sample exactly once.
         self.pad = shuffle

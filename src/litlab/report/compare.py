@@ -40,7 +40,6 @@ _ALIASES = {
     "num_nodes": "trainer.num_nodes",
     "micro_batch_size": "data.batch_size",
     "batch_size": "data.batch_size",
-    "global_batch_size": "data.global_batch_size",
 }
 # Config keys whose value a run's summary.json records as it ran (devices "auto" resolved, the
 # micro-batch derived from a global batch): looked up there first.
@@ -49,7 +48,7 @@ _FROM_SUMMARY = {
     "trainer.devices": "devices",
     "trainer.num_nodes": "num_nodes",
     "data.batch_size": "micro_batch_size",
-    "data.global_batch_size": "global_batch_size",
+    "global_batch_size": "global_batch_size",
 }
 _DEVICE_KEYS = {"trainer.devices", "trainer.num_nodes"}
 # Keys with a column of their own; other keys that differ between runs go into the "differs" column.

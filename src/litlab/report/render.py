@@ -217,7 +217,7 @@ def render_markdown(report: Report) -> str:
         "when there are more).",
         "- peak memory / device: CUDA max allocated and reserved (the largest over the ranks), or the "
         "peak resident memory (RSS) of each rank's process on CPU, measured from the start of fitting.",
-        "- effective batch = micro-batch x devices x nodes x accumulation. With `data.global_batch_size` "
+        "- effective batch = micro-batch x devices x nodes x accumulation. With `global_batch_size` "
         "it is fixed and the micro-batch is derived; otherwise the micro-batch is fixed and it grows.",
         "- speed-up = samples/s ÷ the baseline's (the same ratio as tokens/s); memory ratio = peak "
         "memory ÷ the baseline's; "

@@ -41,7 +41,7 @@ from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.redact import Redaction, typed_overrides
-from litlab.config.rules import DATA_ENGINE_KEYS, ConfigError, batch_sizes
+from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.launch.hangs import HangWatch, HeartbeatAfterYourCallbacks
@@ -92,7 +92,7 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     except PartRefused as refused:
         _record_refusal(cfg, run, refused.reason)
         raise
-    sizes = batch_sizes(cfg.data, cfg.trainer, world_size=trainer.world_size)
+    sizes = batch_sizes(cfg.data, cfg.trainer, trainer.world_size, cfg.global_batch_size)
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
@@ -120,8 +120,7 @@ def redact_logged_hyperparameters(redaction: Redaction, *parts: Any) -> None:
 
 def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:
     """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch."""
-    args = {k: v for k, v in cfg.data.items() if k not in DATA_ENGINE_KEYS}
-    data = _instantiate("data", OmegaConf.create(args), batch_size=micro_batch_size)
+    data = _instantiate("data", cfg.data, batch_size=micro_batch_size)
     if not isinstance(data, L.LightningDataModule):
         raise LitlabError(
             f"data={_choice('data')} builds a {type(data).__name__}, not a LightningDataModule: point "
@@ -159,7 +158,7 @@ def check_by_building(cfg: DictConfig) -> None:
     a large network would be built twice."""
     import torch
 
-    sizes = batch_sizes(cfg.data, cfg.trainer)
+    sizes = batch_sizes(cfg.data, cfg.trainer, global_batch=cfg.global_batch_size)
     try:
         check_combination(cfg.trainer, cfg.strategy)
         build_datamodule(cfg, sizes.micro)

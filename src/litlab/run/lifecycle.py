@@ -292,7 +292,7 @@ def summarise(
         micro_batch_size=sizes.micro if sizes else None,
         accumulate_grad_batches=sizes.accumulation if sizes else None,
         effective_batch_size=sizes.effective if sizes else None,
-        global_batch_size=cfg.data.get("global_batch_size"),
+        global_batch_size=cfg.get("global_batch_size"),
         epochs=trainer.current_epoch,
         global_step=trainer.global_step,
         metrics=dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),

@@ -130,7 +130,7 @@ def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: 
     sizes = run.batch_sizes
     options = []
     if sizes.micro > 1:
-        if cfg.data.get("global_batch_size") is None:
+        if cfg.get("global_batch_size") is None:
             options.append(
                 f"a smaller micro-batch with more accumulation (data.batch_size={sizes.micro // 2} "
                 f"trainer.accumulate_grad_batches={sizes.accumulation * 2} keeps the effective batch "
@@ -139,8 +139,7 @@ def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: 
         else:
             options.append(
                 f"more accumulation (trainer.accumulate_grad_batches={sizes.accumulation * 2} halves the "
-                f"micro-batch to {sizes.micro // 2}; data.global_batch_size stays "
-                f"{cfg.data.get('global_batch_size')})"
+                f"micro-batch to {sizes.micro // 2}; global_batch_size stays {cfg.get('global_batch_size')})"
             )
     if cfg.precision.value == "32-true":
         options.append("precision=bf16 (or precision=fp16 on GPUs without bfloat16) to halve activations")
@@ -169,7 +168,7 @@ def _why_not_retry(cfg: DictConfig, run: Run, shrinks: int, step: int) -> str | 
 
 
 def _halve_micro_batch(cfg: DictConfig) -> None:
-    if cfg.data.get("global_batch_size") is None:  # otherwise the micro-batch is derived from accumulation
+    if cfg.get("global_batch_size") is None:  # otherwise the micro-batch is derived from accumulation
         cfg.data.batch_size //= 2
     cfg.trainer.accumulate_grad_batches = cfg.trainer.get("accumulate_grad_batches", 1) * 2
     for key in _BATCH_COUNTS:

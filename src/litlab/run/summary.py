@@ -125,7 +125,7 @@ class Summary:
             return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
         try:
-            sizes = batch_sizes(cfg.data, cfg.trainer)
+            sizes = batch_sizes(cfg.data, cfg.trainer, global_batch=select("global_batch_size"))
         except (ConfigError, AttributeError, TypeError, KeyError):
             sizes = None
         devices = device_count(select("trainer.devices"))
@@ -149,7 +149,7 @@ class Summary:
             micro_batch_size=sizes.micro if sizes else select("data.batch_size"),
             accumulate_grad_batches=select("trainer.accumulate_grad_batches"),
             effective_batch_size=sizes.effective if sizes else None,
-            global_batch_size=select("data.global_batch_size"),
+            global_batch_size=select("global_batch_size"),
             finished_at=now(),
             sweep=sweep,
         )

@@ -110,15 +110,7 @@ class CharCorpus(L.LightningDataModule):
         )
 
     def _loader(self, split: str, shuffle: bool) -> TensorBatches:
-        trainer = self.trainer
-        return TensorBatches(
-            (self.splits[split],),
-            self.batch_size,
-            shuffle=shuffle,
-            seed=self.split_seed,
-            rank=trainer.global_rank if trainer is not None else 0,
-            world_size=trainer.world_size if trainer is not None else 1,
-        )
+        return TensorBatches((self.splits[split],), self.batch_size, shuffle=shuffle, seed=self.split_seed)
 
     def train_dataloader(self) -> TensorBatches:
         return self._loader("train", shuffle=True)

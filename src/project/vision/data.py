@@ -81,15 +81,8 @@ class InMemoryImages(L.LightningDataModule):
         )
 
     def _loader(self, split: str, shuffle: bool, transform: Any = None) -> TensorBatches:
-        trainer = self.trainer
         return TensorBatches(
-            self.splits[split],
-            self.batch_size,
-            shuffle=shuffle,
-            seed=self.split_seed,
-            rank=trainer.global_rank if trainer is not None else 0,
-            world_size=trainer.world_size if trainer is not None else 1,
-            transform=transform,
+            self.splits[split], self.batch_size, shuffle=shuffle, seed=self.split_seed, transform=transform
         )
 
     def train_dataloader(self) -> TensorBatches:
@@ -122,7 +115,7 @@ class DigitsDataModule(InMemoryImages):
 
 def _digits_table() -> np.ndarray:
     """The digits as rows of 64 pixels and a label. Read straight from scikit-learn's data file:
-    ``sklearn.datasets.load_digits`` first imports scikit-learn, 0.3-0.6 s of every start (measured)."""
+    ``sklearn.datasets.load_digits`` would first import all of scikit-learn at every start."""
     spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
     path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else None
     if path is not None and path.is_file():
