@@ -399,6 +399,20 @@ def test_an_unfinished_later_version_resumes_after_another_code_change(storage, 
     (warning,) = warnings_of(caplog)
     assert "(project/module.py, project/new.py (new), configs/model/cnn.yaml (removed))" in warning
     assert not Path(storage.root, "default-0123456789-cccccccc").exists()
+    # It finishes with the new code: the same command with that code finds it completed.
+    resume.record_start(second, decision, Path("run-dir"))
+    second.write_text("summary.json", json.dumps({"status": "completed"}))
+    again = resume.decide("auto", storage, is_global_zero=True, code=CODE_C)
+    assert again.identity == second.identity and again.completed_summary is not None
+
+
+def test_resume_never_with_an_unfinished_other_version_starts_this_codes_own_folder(storage):
+    started_with(storage, CODE_A, completed=True)
+    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
+    started_with(second, CODE_B, completed=False)
+    decision = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
+    assert decision.identity == "default-0123456789-cccccccc" and decision.point is None
+    assert (Path(second.path) / "checkpoints" / "last.ckpt").is_file()  # left as it was
 
 
 def test_resume_never_after_a_code_change_starts_this_codes_run_afresh(storage):

@@ -2,11 +2,10 @@
 
 ``resume=auto`` (default) looks in ``<storage.root>/<run identity>/``: a completed run (its stored
 summary.json says so) is not trained again; an unfinished one continues from its newest checkpoint
-that loads (a truncated or corrupt one is skipped with a warning). A run completed with other user
-code is not this run: ``folder_for_code`` gives each version of the code its own folder,
-``<run identity>-<fingerprint>``, while an unfinished run continues whatever changed (a warning names
-the files). ``resume=never`` starts fresh and
-moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file.
+that loads (a truncated or corrupt one is skipped with a warning). ``resume=never`` starts fresh and
+moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file. A run
+completed with other user code is not this run: ``folder_for_code`` gives the new code a folder of its
+own, while an unfinished run continues whatever changed (a warning names the files).
 
 Rank 0 decides, records the start in ``<storage folder>/run.json`` and hands the decision to the ranks
 Lightning launches (through the environment, which they inherit), so every rank resumes the same way.
@@ -138,7 +137,7 @@ def _decision_to_env(decision: Decision, storage: RunStorage) -> str:
 
 
 def _decide(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] | None = None) -> Decision:
-    folder = folder_for_code(storage, code)
+    folder = folder_for_code(storage, code, continue_unfinished=mode != NEVER)
     decision = _decide_in(mode, folder, act, code)
     decision.identity = folder.identity if folder.identity != storage.identity else None
     decision.code = code
@@ -214,14 +213,17 @@ def _decision_from_env(text: str) -> Decision:
 # --- versions of the user's code ------------------------------------------------------------------
 
 
-def folder_for_code(storage: RunStorage, code: dict[str, Any] | None) -> RunStorage:
+def folder_for_code(
+    storage: RunStorage, code: dict[str, Any] | None, continue_unfinished: bool = True
+) -> RunStorage:
     """The storage folder of the run identity ``storage`` for the user's code ``code``.
 
     The identity's own folder while it is empty, unfinished (a preempted or crashed run continues
-    whatever changed: a Slurm requeue never starts over), or completed with this code (or with code
-    recorded by no earlier litlab). Once it completed with other code, this code's own folder
-    ``<identity>-<fingerprint[:8]>``; but an unfinished folder of another later version is continued
-    first, as the identity's own would be.
+    whatever changed: a Slurm requeue never starts over), or completed with this code (or before
+    litlab recorded code). Once it completed with other code, a folder of a later version: the one
+    named for this code (``<identity>-<fingerprint[:8]>``) or one that completed with it; else,
+    when ``continue_unfinished``, the newest unfinished one, as the identity's own would be; else a
+    new one named for this code.
     """
     if code is None or _read_json(storage, "summary.json").get("status") != "completed":
         return storage
@@ -230,8 +232,11 @@ def folder_for_code(storage: RunStorage, code: dict[str, Any] | None) -> RunStor
     own = RunStorage(storage.root, f"{storage.identity}-{code['fingerprint'][:8]}", storage.options)
     if own.has_files():
         return own
-    unfinished = _unfinished_versions(storage)
-    return unfinished[0] if unfinished else own
+    completed, unfinished = _later_versions(storage)
+    for folder in completed:  # an unfinished version that continued with this code, and finished
+        if _recorded_code(_read_record(folder)) == code["fingerprint"]:
+            return folder
+    return unfinished[0] if unfinished and continue_unfinished else own
 
 
 def completed_summary(storage: RunStorage, code: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -241,21 +246,23 @@ def completed_summary(storage: RunStorage, code: dict[str, Any] | None) -> dict[
     return summary if summary.get("status") == "completed" else None
 
 
-def _unfinished_versions(storage: RunStorage) -> list[RunStorage]:
-    """The identity's folders of later code versions that hold an unfinished run, newest start first."""
+def _later_versions(storage: RunStorage) -> tuple[list[RunStorage], list[RunStorage]]:
+    """The identity's folders of later code versions: the completed ones, and the unfinished ones
+    (newest start first)."""
     parent = storage.path.rpartition("/")[0]
     try:
         names = [str(n).rstrip("/").rpartition("/")[2] for n in storage.fs.ls(parent, detail=False)]
     except FileNotFoundError:
-        return []
+        return [], []
     pattern = re.compile(re.escape(storage.identity) + "-[0-9a-f]{8}")
-    versions = [RunStorage(storage.root, name, storage.options) for name in names if pattern.fullmatch(name)]
-    unfinished = [
-        (_last_start(folder), folder)
-        for folder in versions
-        if _read_json(folder, "summary.json").get("status") != "completed" and folder.has_files()
-    ]
-    return [folder for _, folder in sorted(unfinished, key=lambda pair: pair[0], reverse=True)]
+    folders = [RunStorage(storage.root, n, storage.options) for n in sorted(names) if pattern.fullmatch(n)]
+    completed, unfinished = [], []
+    for folder in folders:
+        if _read_json(folder, "summary.json").get("status") == "completed":
+            completed.append(folder)
+        elif folder.has_files():
+            unfinished.append(folder)
+    return completed, sorted(unfinished, key=_last_start, reverse=True)
 
 
 def _last_start(storage: RunStorage) -> str:
