@@ -251,7 +251,9 @@ def _later_versions(storage: RunStorage) -> tuple[list[RunStorage], list[RunStor
     (newest start first)."""
     parent = storage.path.rpartition("/")[0]
     try:
-        names = [str(n).rstrip("/").rpartition("/")[2] for n in storage.fs.ls(parent, detail=False)]
+        names = [
+            str(n).rstrip("/").rpartition("/")[2] for n in storage.fs.ls(parent, detail=False, refresh=True)
+        ]
     except FileNotFoundError:
         return [], []
     pattern = re.compile(re.escape(storage.identity) + "-[0-9a-f]{8}")
