@@ -347,7 +347,9 @@ def test_a_run_completed_with_other_code_is_a_new_run_in_a_folder_of_its_own(sto
     decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
     assert decision.identity == "default-0123456789-bbbbbbbb"
     assert decision.point is None and decision.completed_summary is None  # trains from scratch
-    assert json.loads(os.environ[resume.DECISION_ENV])["identity"] == decision.identity  # other ranks
+    assert json.loads(os.environ[resume.DECISION_ENV])["identity"] == decision.identity
+    # A rank Lightning launched takes it from there, without looking (it is given no code).
+    assert resume.decide("auto", storage, is_global_zero=False).identity == decision.identity
     new = RunStorage(storage.root, decision.identity)
     started_with(new, CODE_B, completed=True)
     # The same command again, with either code: each version's run completed, nothing trains.

@@ -47,7 +47,7 @@ def run_identity(cfg: DictConfig) -> str:
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
 # the overrides in _NOT_IDENTITY): editing their files makes no new run.
 _NOT_CODE_GROUPS = ("hydra", "paths", "storage", "sweep", "hparams_search")
-ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/resume.md)
+ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
 
 
 @dataclass(frozen=True)
