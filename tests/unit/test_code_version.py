@@ -137,13 +137,13 @@ def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, mo
     from litlab.storage.roots import RunStorage
     from tests.conftest import compose_train
 
-    package = tmp_path / "room" / "mycallbacks"
+    package = tmp_path / "room" / "sweepcallbacks"  # not imported yet
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(MARKER)
     monkeypatch.syspath_prepend(str(package.parent))
     root = tmp_path / "storage"
     config = compose_train(
-        [f"storage.root={root}", "+callbacks.marker._target_=mycallbacks.Marker"], tmp_path / "job"
+        [f"storage.root={root}", "+callbacks.marker._target_=sweepcallbacks.Marker"], tmp_path / "job"
     )
     task_cfg = DevicePoolLauncher._task_config(config)
     storage = RunStorage(str(root), run_identity(task_cfg))
