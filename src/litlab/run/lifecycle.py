@@ -168,7 +168,7 @@ def prepare_run(cfg: DictConfig) -> Run:
         code=code.record(),
     )
     if run.resume.identity is not None:  # the run completed with other code: this code is a new run
-        log.info("run %s completed with other code: this code is run %s", identity, run.resume.identity)
+        log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
         identity = run.identity = run.resume.identity
         storage = run.storage = RunStorage(cfg.storage.root, identity, options)
     if run.completed:
