@@ -178,3 +178,27 @@ def test_checkpoints_are_listed_newest_first_and_temporaries_removed(tmp_path):
     assert names == ["last.ckpt", "epoch=001-step=000040.ckpt", "epoch=000-step=000020.ckpt"]
     assert storage.remove_temporaries() == [str(folder / ".last.ckpt.abc123.tmp")]
     assert not (folder / ".last.ckpt.abc123.tmp").exists()
+
+
+def test_s3_the_folder_of_a_code_version_is_found_among_its_siblings(s3_server, monkeypatch):
+    """litlab.storage.resume.folder_for_code lists the identity's later versions on S3 as on disk:
+    after a code change, an unfinished later version is continued, else this code's own folder."""
+    import json
+
+    from litlab.storage import resume
+    from litlab.storage.roots import storage_options
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    root = f"s3://{s3_server.create_bucket('versions')}/runs"
+    options = storage_options({"root": root, "endpoint_url": s3_server.endpoint})
+    code = {letter: {"fingerprint": letter * 40, "files": {}} for letter in "abc"}
+    base = RunStorage(root, "default-0123456789", options)
+    resume.record_start(base, resume.Decision(code=code["a"]), Path("run-dir"))
+    base.write_text("summary.json", json.dumps({"status": "completed"}))
+    assert resume.folder_for_code(base, code["a"]).identity == base.identity
+    assert resume.folder_for_code(base, code["b"]).identity == "default-0123456789-bbbbbbbb"
+    later = RunStorage(root, "default-0123456789-bbbbbbbb", options)
+    resume.record_start(later, resume.Decision(code=code["b"]), Path("run-dir"))  # then killed
+    assert resume.folder_for_code(base, code["c"]).identity == later.identity
+    assert resume.folder_for_code(base, code["c"], continue_unfinished=False).identity.endswith("-cccccccc")

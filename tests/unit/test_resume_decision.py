@@ -180,6 +180,7 @@ def test_other_ranks_take_rank_zeros_decision_from_the_environment(storage):
     first = resume.decide("auto", storage, is_global_zero=True)
     assert json.loads(os.environ[resume.DECISION_ENV]) == {
         "storage": storage.url,
+        "identity": None,
         "point": {"url": url, "epoch": 0, "global_step": 4},
         "resumed": 2,
         "completed": None,
@@ -199,7 +200,7 @@ def test_a_rank_without_a_decision_to_inherit_decides_without_acting(storage):
 def test_a_debug_run_always_starts_fresh_on_every_rank(storage):
     save_checkpoint(storage, "last.ckpt", step=4)
     assert resume.decide("auto", storage, is_global_zero=True, debug_run=True) == Decision()
-    inherited = {"storage": storage.url, "point": None, "resumed": 0, "completed": None}
+    inherited = {"storage": storage.url, "identity": None, "point": None, "resumed": 0, "completed": None}
     assert json.loads(os.environ[resume.DECISION_ENV]) == inherited
     assert resume.decide("auto", storage, is_global_zero=False) == Decision()
 
@@ -318,3 +319,107 @@ def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
     resume.continue_tensorboard(decision, tmp_path / "own", storage, tmp_path)
     assert decision.tensorboard_dir == tmp_path / "own"
     assert not (tmp_path / "tensorboard.dir").exists()
+
+
+# --- a code change is a new run (litlab.run.identity.CodeVersion records, as prepare_run passes them) --
+
+CODE_A = {"fingerprint": "a" * 40, "files": {"project/module.py": "1", "configs/model/cnn.yaml": "1"}}
+CODE_B = {"fingerprint": "b" * 40, "files": {"project/module.py": "2", "configs/model/cnn.yaml": "1"}}
+CODE_C = {"fingerprint": "c" * 40, "files": {"project/module.py": "3", "project/new.py": "1"}}
+
+
+def started_with(storage: RunStorage, code: dict, completed: bool) -> None:
+    """A run's storage folder as a start with ``code`` leaves it: run.json, a checkpoint, and a
+    completed summary.json when ``completed``."""
+    storage.prepare()
+    save_checkpoint(storage, "last.ckpt", step=4)
+    resume.record_start(storage, Decision(code=code), Path("run-dir"))
+    if completed:
+        storage.write_text("summary.json", json.dumps({"status": "completed", "global_step": 4}))
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_run_completed_with_other_code_is_a_new_run_in_a_folder_of_its_own(storage):
+    started_with(storage, CODE_A, completed=True)
+    decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
+    assert decision.identity == "default-0123456789-bbbbbbbb"
+    assert decision.point is None and decision.completed_summary is None  # trains from scratch
+    assert json.loads(os.environ[resume.DECISION_ENV])["identity"] == decision.identity
+    # A rank Lightning launched takes it from there, without looking (it is given no code).
+    assert resume.decide("auto", storage, is_global_zero=False).identity == decision.identity
+    new = RunStorage(storage.root, decision.identity)
+    started_with(new, CODE_B, completed=True)
+    # The same command again, with either code: each version's run completed, nothing trains.
+    again = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
+    assert again.identity == new.identity and again.completed_summary is not None
+    back = resume.decide("auto", storage, is_global_zero=True, code=CODE_A)
+    assert back.identity is None and back.completed_summary is not None
+    # The sweep's check before starting a job reads the same folders.
+    assert resume.completed_summary(storage, CODE_B) == again.completed_summary
+    assert resume.completed_summary(storage, CODE_C) is None
+
+
+def test_the_same_code_is_the_same_run_as_before(storage):
+    started_with(storage, CODE_A, completed=True)
+    decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_A)
+    assert decision.identity is None and decision.completed_summary is not None
+
+
+def test_a_run_completed_before_code_was_recorded_is_not_trained_again(storage):
+    save_checkpoint(storage, "last.ckpt", step=9)
+    storage.write_text("summary.json", json.dumps({"status": "completed"}))
+    decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
+    assert decision.identity is None and decision.completed_summary is not None
+
+
+def test_an_unfinished_run_resumes_after_a_code_change_with_one_warning_naming_the_files(storage, caplog):
+    started_with(storage, CODE_A, completed=False)  # killed, preempted, or requeued by Slurm
+    with caplog.at_level(logging.INFO, logger="litlab"):
+        decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
+    assert decision.identity is None and decision.point.global_step == 4
+    assert warnings_of(caplog) == [
+        "resume: the code changed since run default-0123456789 last started (project/module.py); it "
+        "continues from its checkpoint with the code as it is now. To train the changed code from "
+        "scratch: resume=never"
+    ]
+    resume.record_start(storage, decision, Path("run-dir"))  # this start records the code it trains
+    caplog.clear()
+    assert resume.decide("auto", storage, is_global_zero=True, code=CODE_B).point.global_step == 4
+    assert warnings_of(caplog) == []  # the next start compares with the code the last one ran
+
+
+def test_an_unfinished_later_version_resumes_after_another_code_change(storage, caplog):
+    started_with(storage, CODE_A, completed=True)
+    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
+    started_with(second, CODE_B, completed=False)
+    with caplog.at_level(logging.WARNING, logger="litlab"):
+        decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_C)
+    assert decision.identity == second.identity and decision.point.global_step == 4
+    (warning,) = warnings_of(caplog)
+    assert "(project/module.py, project/new.py (new), configs/model/cnn.yaml (removed))" in warning
+    assert not Path(storage.root, "default-0123456789-cccccccc").exists()
+    # It finishes with the new code: the same command with that code finds it completed.
+    resume.record_start(second, decision, Path("run-dir"))
+    second.write_text("summary.json", json.dumps({"status": "completed"}))
+    again = resume.decide("auto", storage, is_global_zero=True, code=CODE_C)
+    assert again.identity == second.identity and again.completed_summary is not None
+
+
+def test_resume_never_with_an_unfinished_other_version_starts_this_codes_own_folder(storage):
+    started_with(storage, CODE_A, completed=True)
+    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
+    started_with(second, CODE_B, completed=False)
+    decision = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
+    assert decision.identity == "default-0123456789-cccccccc" and decision.point is None
+    assert (Path(second.path) / "checkpoints" / "last.ckpt").is_file()  # left as it was
+
+
+def test_resume_never_after_a_code_change_starts_this_codes_run_afresh(storage):
+    started_with(storage, CODE_A, completed=True)
+    assert resume.decide("never", storage, is_global_zero=True, code=CODE_B).identity == (
+        "default-0123456789-bbbbbbbb"
+    )
+    assert (Path(storage.path) / "summary.json").is_file()  # the other code's run is left alone

@@ -22,8 +22,9 @@ enough devices are free, no device idles while a queued job fits, and the big jo
 the whole pool is still free. A job that needs more devices than the pool has, or more than one
 node, is a failed row (summary.json ``status: failed``, one line) and never starts.
 
-A job whose run identity already completed (its storage folder holds a completed summary.json, local
-storage) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
+A job whose run identity already completed with the user's code as it is now (its storage folder holds
+a completed summary.json, local storage; ``litlab.storage.resume.completed_summary``, as the job's own
+process would decide) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
 
 Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole process group: DDP
 ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 143 (as a single run
@@ -493,7 +494,7 @@ class DevicePoolLauncher(Launcher):
                 check_train_config(config, list(config.hydra.overrides.task))
             except ConfigError as error:
                 return self._not_started(job, str(error))
-        completed = self._completed_summary(task_cfg)
+        completed = self._completed_summary(task_cfg, config.hydra)
         if completed is not None:
             log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
             completed["run_dir"] = str(job_dir)
@@ -519,10 +520,12 @@ class DevicePoolLauncher(Launcher):
         return task_cfg
 
     @staticmethod
-    def _completed_summary(task_cfg: DictConfig) -> dict | None:
-        """The stored summary of this job's run identity when that run completed (local storage,
-        resume=auto): what the job's own process would find and stop at."""
-        from litlab.run.identity import run_identity
+    def _completed_summary(task_cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
+        """The stored summary of this job's run identity when that run completed with the user's code
+        as it is now (local storage, resume=auto): what the job's own process would find and stop at."""
+        from litlab.run.identity import code_version, run_identity
+        from litlab.storage.resume import completed_summary
+        from litlab.storage.roots import RunStorage
 
         if task_cfg.get("task_name") != "train":  # litlab-eval's jobs store no run
             return None
@@ -531,12 +534,8 @@ class DevicePoolLauncher(Launcher):
             return None
         if OmegaConf.select(task_cfg, "trainer.fast_dev_run", default=False):
             return None
-        path = Path(root.removeprefix("file://")) / run_identity(task_cfg) / "summary.json"
-        try:
-            stored = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return stored if stored.get("status") == "completed" else None
+        storage = RunStorage(root.removeprefix("file://"), run_identity(task_cfg))
+        return completed_summary(storage, code_version(task_cfg, hydra_cfg).record())
 
     def _sweep_record(self, job: _Job) -> dict[str, Any]:
         return {

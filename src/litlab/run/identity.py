@@ -1,14 +1,24 @@
-"""A run's identity: the name its storage folder, its resume point and its lock are found by.
+"""A run's identity: the name its storage folder, its resume point and its lock are found by; and
+the version of the user's code (``code_version``) that makes a changed model a new run.
 
-Nothing here imports torch: the preflight computes it to check the run's lock before torch loads.
+Nothing here imports torch: the preflight computes the identity to check the run's lock before torch
+loads, and hashing the code reads a few files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import site
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # Overrides that say where or how a run is launched, not what it is: not part of its identity.
 _NOT_IDENTITY = (
@@ -32,3 +42,161 @@ def run_identity(cfg: DictConfig) -> str:
     )
     digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
     return f"{cfg.experiment_name}-{digest}"
+
+
+# Config groups that say where a run is stored or how a multirun is made, not what the run is (as
+# the overrides in _NOT_IDENTITY): editing their files makes no new run.
+_NOT_CODE_GROUPS = ("hydra", "paths", "storage", "sweep", "hparams_search")
+ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
+
+
+@dataclass(frozen=True)
+class CodeVersion:
+    """Content hashes of the user's code that composed a run: the packages its ``_target_``s live in
+    (not installed ones, not the engine) and the config files Hydra chose, by name
+    (``project/vision/module.py``, ``configs/model/cnn.yaml``)."""
+
+    files: dict[str, str]
+
+    @property
+    def fingerprint(self) -> str:
+        lines = "".join(f"{name}\t{digest}\n" for name, digest in sorted(self.files.items()))
+        return hashlib.sha1(lines.encode()).hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        """What the run's storage folder records (run.json), to compare a later start with."""
+        return {"fingerprint": self.fingerprint, "files": dict(sorted(self.files.items()))}
+
+
+def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> CodeVersion:
+    """The user's code as it is now, for the config ``cfg`` that Hydra composed as ``hydra_cfg`` says."""
+    files: dict[str, str] = {}
+    for package in sorted(_user_packages(cfg)):
+        for name, path in _package_files(package):
+            files[name] = _file_hash(path)
+    for name, path in _config_files(hydra_cfg):
+        files[name] = _file_hash(path)
+    return CodeVersion(files)
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+
+
+def _targets(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "_target_" and isinstance(value, str):
+                yield value
+            else:
+                yield from _targets(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _targets(value)
+
+
+def _user_packages(cfg: DictConfig) -> set[str]:
+    """Top-level names of the modules the ``_target_``s live in, but the engine's."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra", None)  # a config composed with Hydra's own node (tests): not the task's
+    tops = {t.split(".", 1)[0] for t in _targets(container) if not t.startswith("${")}
+    return {top for top in tops if top and top != ENGINE_PACKAGE and top.isidentifier()}
+
+
+def _package_files(top: str) -> list[tuple[str, Path]]:
+    """The ``.py`` files of a top-level package or module that is not installed (nor the standard
+    library), named from the package (``project/vision/module.py``). ``find_spec`` of a top-level
+    name imports nothing."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        found = []
+        for location in spec.submodule_search_locations:
+            folder = Path(location)
+            if folder.is_dir() and not _installed(folder):
+                found += [(f"{top}/{p.relative_to(folder).as_posix()}", p) for p in folder.rglob("*.py")]
+        return sorted(found)
+    origin = Path(spec.origin) if spec.origin and spec.has_location else None
+    if origin is None or not origin.is_file() or _installed(origin):
+        return []
+    return [(origin.name, origin)]
+
+
+def _installed_roots() -> list[Path]:
+    paths = sysconfig.get_paths()
+    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    roots += [*site.getsitepackages(), site.getusersitepackages()]
+    return [Path(r).resolve() for r in roots]
+
+
+def _installed(path: Path) -> bool:
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(root) for root in _installed_roots())
+
+
+def _config_files(hydra_cfg: DictConfig) -> list[tuple[str, Path]]:
+    """The primary config file and the file of every group option Hydra chose, where the first
+    search-path entry that has it is the user's (a folder, or a package that is not installed or
+    the engine); named from that entry's folder (``configs/model/cnn.yaml``)."""
+    sources = [_source_folder(s.path, s.schema) for s in hydra_cfg.runtime.config_sources]
+    wanted = [str(hydra_cfg.job.config_name)]
+    for group, option in sorted(hydra_cfg.runtime.choices.items()):
+        if str(group).split("/", 1)[0] in _NOT_CODE_GROUPS or option is None:
+            continue
+        options = option if isinstance(option, (list, tuple)) or OmegaConf.is_list(option) else [option]
+        wanted += [f"{group}/{o}" for o in options]
+    files: dict[str, Path] = {}
+    while wanted:
+        name = wanted.pop()
+        for folder, users in sources:
+            path = folder / f"{name}.yaml" if folder is not None else None
+            if path is not None and path.is_file():
+                if users and f"{folder.name}/{name}.yaml" not in files:
+                    files[f"{folder.name}/{name}.yaml"] = path
+                    wanted += _plain_defaults(path, name.rpartition("/")[0])
+                break
+    return sorted(files.items())
+
+
+def _plain_defaults(path: Path, group: str) -> list[str]:
+    """The configs a file's defaults list names without a group (``- checkpoint`` in
+    ``callbacks/default.yaml``): not among Hydra's choices, they are found here."""
+    try:
+        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    except (yaml.YAMLError, AttributeError):
+        return []
+    names = []
+    for entry in defaults if isinstance(defaults, list) else []:
+        if not isinstance(entry, str) or entry == "_self_":
+            continue
+        entry = entry.removeprefix("optional ").split("@", 1)[0].strip()
+        names.append(entry[1:] if entry.startswith("/") else f"{group}/{entry}".lstrip("/"))
+    return names
+
+
+def _source_folder(path: str, schema: str) -> tuple[Path | None, bool]:
+    """A Hydra search-path entry's folder, and whether it holds the user's configs."""
+    if schema == "file":
+        folder = Path(path)
+        return folder, not _installed(folder)
+    if schema != "pkg":
+        return None, False  # structured configs (schema): no file
+    top, *inner = path.split(".")
+    if top in (ENGINE_PACKAGE, "hydra"):
+        return _package_folder(top, inner), False
+    folder = _package_folder(top, inner)
+    return folder, folder is not None and not _installed(folder)
+
+
+def _package_folder(top: str, inner: list[str]) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]).joinpath(*inner)

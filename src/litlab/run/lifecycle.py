@@ -30,7 +30,7 @@ from litlab.errors import failure_reason
 from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
 from litlab.run import doctor
-from litlab.run.identity import run_identity
+from litlab.run.identity import code_version, run_identity
 from litlab.run.loggers import log_final_metrics
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups
 from litlab.storage import resume
@@ -163,10 +163,19 @@ def prepare_run(cfg: DictConfig) -> Run:
     if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
         run.lock = RunLock(storage)
         run.lock.acquire()
-    debug_run = bool(cfg.trainer.get("fast_dev_run"))
+    code = code_version(cfg, HydraConfig.get())
+    run.extra["code_fingerprint"] = code.fingerprint
     run.resume = resume.decide(
-        str(cfg.resume), storage, is_global_zero=run.is_global_zero, debug_run=debug_run
+        str(cfg.resume),
+        storage,
+        is_global_zero=run.is_global_zero,
+        debug_run=bool(cfg.trainer.get("fast_dev_run")),  # a key the YAML leaves out: Lightning's default
+        code=code.record(),
     )
+    if run.resume.identity is not None:  # the run completed with other code: this code is a new run
+        log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
+        identity = run.identity = run.resume.identity
+        storage = run.storage = RunStorage(cfg.storage.root, identity, options)
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
         if run.is_global_zero:  # the run directory (a sweep job's, say) still shows the run's outcome

@@ -3,7 +3,9 @@
 ``resume=auto`` (default) looks in ``<storage.root>/<run identity>/``: a completed run (its stored
 summary.json says so) is not trained again; an unfinished one continues from its newest checkpoint
 that loads (a truncated or corrupt one is skipped with a warning). ``resume=never`` starts fresh and
-moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file.
+moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file. A run
+completed with other user code is not this run: ``folder_for_code`` gives the new code a folder of its
+own, while an unfinished run continues whatever changed (a warning names the files).
 
 Rank 0 decides, records the start in ``<storage folder>/run.json`` and hands the decision to the ranks
 Lightning launches (through the environment, which they inherit), so every rank resumes the same way.
@@ -15,7 +17,8 @@ import datetime as dt
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,8 @@ class Decision:
     completed_summary: dict[str, Any] | None = None  # the stored summary of a run that already finished
     resumed_count: int = 0
     tensorboard_dir: Path | None = None  # where a resumed run's TensorBoard logger continues
+    identity: str | None = None  # the storage folder of another version of the code than the first
+    code: dict[str, Any] | None = field(default=None, compare=False)  # this start's, run.json records it
 
 
 def load_point(url: str) -> ResumePoint:
@@ -80,9 +85,17 @@ def newest_valid_checkpoint(storage: RunStorage) -> tuple[ResumePoint | None, li
     return None, skipped
 
 
-def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool = False) -> Decision:
+def decide(
+    mode: str,
+    storage: RunStorage,
+    is_global_zero: bool,
+    debug_run: bool = False,
+    code: dict[str, Any] | None = None,
+) -> Decision:
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
 
+    ``code`` is the user's code as it is now (``litlab.run.identity.CodeVersion.record``): with it,
+    the decision is made in that code's storage folder (``folder_for_code``; ``Decision.identity``).
     A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
     always starts fresh, so it can be repeated.
     """
@@ -96,14 +109,14 @@ def decide(mode: str, storage: RunStorage, is_global_zero: bool, debug_run: bool
     decided: list[Decision] = []
 
     def rank_zero_decides() -> str:
-        decided.append(Decision() if debug_run else _decide(mode, storage, act=True))
+        decided.append(Decision() if debug_run else _decide(mode, storage, act=True, code=code))
         return _decision_to_env(decided[0], storage)
 
     shared = agreed_with_rank_zero("resume", rank_zero_decides)  # ranks torchrun started
     if shared is not None:
         decision = decided[0] if decided else _decision_from_env(shared)
     else:
-        decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero)
+        decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero, code=code)
     if is_global_zero:
         os.environ[DECISION_ENV] = _decision_to_env(decision, storage)
     return decision
@@ -113,11 +126,25 @@ def _decision_to_env(decision: Decision, storage: RunStorage) -> str:
     point = asdict(decision.point) if decision.point else None
     completed = decision.completed_summary
     return json.dumps(
-        {"storage": storage.url, "point": point, "resumed": decision.resumed_count, "completed": completed}
+        {
+            "storage": storage.url,
+            "identity": decision.identity,
+            "point": point,
+            "resumed": decision.resumed_count,
+            "completed": completed,
+        }
     )
 
 
-def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
+def _decide(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] | None = None) -> Decision:
+    folder = folder_for_code(storage, code, continue_unfinished=mode != NEVER)
+    decision = _decide_in(mode, folder, act, code)
+    decision.identity = folder.identity if folder.identity != storage.identity else None
+    decision.code = code
+    return decision
+
+
+def _decide_in(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] | None) -> Decision:
     record = _read_record(storage)
     resumed_before = int(record.get("resumed_count", 0))
     if mode == NEVER:
@@ -145,6 +172,14 @@ def _decide(mode: str, storage: RunStorage, act: bool) -> Decision:
                 storage.set_aside(),
             )
         return Decision()
+    changed = _changed_since(record, code)
+    if changed and act:
+        log.warning(
+            "resume: the code changed since run %s last started (%s); it continues from its checkpoint "
+            "with the code as it is now. To train the changed code from scratch: resume=never",
+            storage.identity,
+            ", ".join(changed),
+        )
     return _resuming(point, resumed_before, record)
 
 
@@ -167,7 +202,90 @@ def _resuming(point: ResumePoint, resumed_before: int, record: dict[str, Any]) -
 def _decision_from_env(text: str) -> Decision:
     data = json.loads(text)
     point = ResumePoint(**data["point"]) if data["point"] else None
-    return Decision(point=point, resumed_count=int(data["resumed"]), completed_summary=data.get("completed"))
+    return Decision(
+        point=point,
+        resumed_count=int(data["resumed"]),
+        completed_summary=data.get("completed"),
+        identity=data.get("identity"),
+    )
+
+
+# --- versions of the user's code ------------------------------------------------------------------
+
+
+def folder_for_code(
+    storage: RunStorage, code: dict[str, Any] | None, continue_unfinished: bool = True
+) -> RunStorage:
+    """The storage folder of the run identity ``storage`` for the user's code ``code``.
+
+    The identity's own folder while it is empty, unfinished (a preempted or crashed run continues
+    whatever changed: a Slurm requeue never starts over), or completed with this code (or before
+    litlab recorded code). Once it completed with other code, a folder of a later version: the one
+    named for this code (``<identity>-<fingerprint[:8]>``) or one that completed with it; else,
+    when ``continue_unfinished``, the newest unfinished one, as the identity's own would be; else a
+    new one named for this code.
+    """
+    if code is None or _read_json(storage, "summary.json").get("status") != "completed":
+        return storage
+    if _recorded_code(_read_record(storage)) in (None, code["fingerprint"]):
+        return storage
+    own = RunStorage(storage.root, f"{storage.identity}-{code['fingerprint'][:8]}", storage.options)
+    if own.has_files():
+        return own
+    completed, unfinished = _later_versions(storage)
+    for folder in completed:  # an unfinished version that continued with this code, and finished
+        if _recorded_code(_read_record(folder)) == code["fingerprint"]:
+            return folder
+    return unfinished[0] if unfinished and continue_unfinished else own
+
+
+def completed_summary(storage: RunStorage, code: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored summary of the run when it completed with this code (``resume=auto`` would stop at
+    it), read without loading any checkpoint."""
+    summary = _read_json(folder_for_code(storage, code), "summary.json")
+    return summary if summary.get("status") == "completed" else None
+
+
+def _later_versions(storage: RunStorage) -> tuple[list[RunStorage], list[RunStorage]]:
+    """The identity's folders of later code versions: the completed ones, and the unfinished ones
+    (newest start first)."""
+    parent = storage.path.rpartition("/")[0]
+    try:
+        names = [
+            str(n).rstrip("/").rpartition("/")[2] for n in storage.fs.ls(parent, detail=False, refresh=True)
+        ]
+    except FileNotFoundError:
+        return [], []
+    pattern = re.compile(re.escape(storage.identity) + "-[0-9a-f]{8}")
+    folders = [RunStorage(storage.root, n, storage.options) for n in sorted(names) if pattern.fullmatch(n)]
+    completed, unfinished = [], []
+    for folder in folders:
+        if _read_json(folder, "summary.json").get("status") == "completed":
+            completed.append(folder)
+        elif folder.has_files():
+            unfinished.append(folder)
+    return completed, sorted(unfinished, key=_last_start, reverse=True)
+
+
+def _last_start(storage: RunStorage) -> str:
+    starts = _read_record(storage).get("starts") or [{}]
+    return str(starts[-1].get("at") or "")
+
+
+def _recorded_code(record: dict[str, Any]) -> str | None:
+    code = record.get("code")
+    return code.get("fingerprint") if isinstance(code, dict) else None
+
+
+def _changed_since(record: dict[str, Any], code: dict[str, Any] | None) -> list[str]:
+    """The files that changed since the run's last start recorded its code (none if either is unknown)."""
+    recorded = record.get("code")
+    if code is None or not isinstance(recorded, dict) or recorded.get("fingerprint") == code["fingerprint"]:
+        return []
+    before, now = recorded.get("files") or {}, code["files"]
+    changed = [n for n in sorted(before.keys() & now.keys()) if before[n] != now[n]]
+    changed += [f"{n} (new)" for n in sorted(now.keys() - before.keys())]
+    return changed + [f"{n} (removed)" for n in sorted(before.keys() - now.keys())]
 
 
 def completed_message(storage: RunStorage, summary: dict[str, Any]) -> str:
@@ -249,6 +367,7 @@ def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None
             "resumed_from": decision.point.url if decision.point else None,
             "epoch": decision.point.epoch if decision.point else None,
             "global_step": decision.point.global_step if decision.point else None,
+            "code": decision.code["fingerprint"] if decision.code else None,
         }
     )
     record.update(
@@ -257,6 +376,8 @@ def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None
         tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
         starts=starts,
     )
+    if decision.code is not None:  # the code this start trains with: the next start compares with it
+        record["code"] = decision.code
     storage.write_text(RECORD, json.dumps(record, indent=2) + "\n")
 
 

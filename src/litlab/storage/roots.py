@@ -206,6 +206,7 @@ class RunStorage:
     def __init__(self, root: str, identity: str, options: Mapping[str, Any] | None = None) -> None:
         self.root = str(root).rstrip("/")
         self.identity = identity
+        self.options = dict(options or {})  # for the folders beside this one (resume.folder_for_code)
         self.url = f"{self.root}/{identity}"
         self.fs, self.path = fsspec.core.url_to_fs(self.url, **dict(options or {}))
 
