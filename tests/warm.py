@@ -375,7 +375,7 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
     os.environ.update(request["env"])
     _reseed_numpy()
     if stand_in is not None:
-        import setproctitle  # a dev dependency (mutmut's)
+        import setproctitle  # a dev dependency (pyproject.toml)
 
         # Its command line, as ps and pgrep show a cold one's.
         setproctitle.setproctitle(" ".join([sys.executable, *request["argv"]]))
