@@ -300,6 +300,15 @@ SQL
 # The node line is what slurmd detects here (CPUs, sockets, RealMemory ...).
 NODE_LINE="$(slurmd -C | head -n 1)"
 [[ "$NODE_LINE" == NodeName=* ]] || die "unexpected 'slurmd -C' output: $NODE_LINE"
+# The node offers 4 cores for each one it has (CoresPerSocket x4, CPUs x4; SlurmdParameters=
+# config_overrides below makes slurmctld trust the line): jobs of tests running on several pytest
+# workers share the cores side by side, as the workers themselves do, instead of queueing behind each
+# other's jobs. (Cores, not threads: a job of several tasks is given whole cores.)
+[[ "$NODE_LINE" =~ CPUs=([0-9]+) ]] && DETECTED_CPUS="${BASH_REMATCH[1]}"
+[[ "$NODE_LINE" =~ CoresPerSocket=([0-9]+) ]] && DETECTED_CORES="${BASH_REMATCH[1]}"
+[[ -n "${DETECTED_CPUS:-}" && -n "${DETECTED_CORES:-}" ]] || die "no CPUs/CoresPerSocket in: $NODE_LINE"
+NODE_LINE="${NODE_LINE/CPUs=$DETECTED_CPUS/CPUs=$((DETECTED_CPUS * 4))}"
+NODE_LINE="${NODE_LINE/CoresPerSocket=$DETECTED_CORES/CoresPerSocket=$((DETECTED_CORES * 4))}"
 NODE_NAME="${NODE_LINE#NodeName=}"
 NODE_NAME="${NODE_NAME%% *}"
 CTLD_HOST="$(hostname -s)"
@@ -343,6 +352,10 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
+
+# A job that waits (a requeued one, for cred_expire) starts within a second of being eligible, not at
+# the next pass of the main (60 s) or backfill (30 s) scheduling loop.
+SchedulerParameters=sched_interval=1,bf_interval=1
 
 MailProg=/bin/true
 # The node comes back by itself after a restart of the cluster.
