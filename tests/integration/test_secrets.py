@@ -192,7 +192,7 @@ def test_a_search_writes_logs_and_stores_no_credential(log_dir, auth_server, mon
             "litlab-train",
             "-m",
             "hparams_search=optuna",
-            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_trials=1",  # one trial writes every kind of file a search writes
             "logger=[csv,mlflow,tensorboard,wandb]",  # W&B offline: its run files are searched too
             "experiment_name=swept",
             *DATA_FROM_A_SERVICE,
@@ -201,22 +201,17 @@ def test_a_search_writes_logs_and_stores_no_credential(log_dir, auth_server, mon
         )
     )
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
-    assert sorted(
-        json.loads((sweep / str(job) / "summary.json").read_text())["status"] for job in (0, 1)
-    ) == [
-        "completed",
-        "completed",
-    ]
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
     assert list(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
     assert files_holding_a_secret(log_dir, server_folder) == []  # the study's SQLite file included
     assert outputs_holding_a_secret(swept) == []
     runs = mlflow_runs(url, "swept", monkeypatch)
-    assert sorted(r.data.tags["sweep_job"] for r in runs) == ["0", "1"]
+    assert [r.data.tags["sweep_job"] for r in runs] == ["0"]
     (database,) = log_dir.rglob("optuna/*.db")
     storage = f"sqlite:///{database}"
     (summary,) = optuna.study.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    assert len(study.trials) == 2
+    assert len(study.trials) == 1
     opened = optuna.storages.get_storage(storage)
     study_system_attrs = opened.get_study_system_attrs(opened.get_study_id_from_name(summary.study_name))
     stored = json.dumps(
