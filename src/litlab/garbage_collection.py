@@ -1,8 +1,9 @@
 """When Python's cyclic garbage collector may walk the objects torch and Lightning create on import.
 
-Importing them leaves ~500k long-lived objects. A full collection walks all of them: a 0.3 s pause
-every few hundred steps of a small model during training, and 2-5 s at interpreter shutdown, on a
-2-core CPU (measured). Frozen objects are skipped. Nothing here imports torch.
+Importing them leaves hundreds of thousands of long-lived objects. A full collection walks all of
+them: a pause every few hundred steps of a small model, and a long one at interpreter shutdown
+(docs/performance.md, "Why the engine does it this way"). Frozen objects are skipped. Nothing here
+imports torch.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Lightning hands every hook to every callback, whether the callback defines that hook or not, each
 time through a profiler context and the callback's state key: 108 Python calls per callback per
 training step (60 with ``NoProfiler``), more than most callbacks' own work. A litlab run has about
-twenty callbacks; on a small CNN (4 ms a step on one CPU thread) their hand-overs alone were a
-fifth of the step (``python -m benchmarks.overhead``). ``CombinedCallbacks`` is one callback that
+twenty callbacks; on a small CNN their hand-overs alone were a large share of the step
+(``python -m benchmarks.overhead``, docs/performance.md). ``CombinedCallbacks`` is one callback that
 hands each hook to the parts that define it, in their order.
 
 What is combined (``combinable``): the callbacks of litlab's and Lightning's own classes, except the

@@ -24,7 +24,8 @@ class ReseedEveryStep(Callback):
     ) -> None:
         seed = (self.seed * 1_000_003 + trainer.global_step) * 1009 + trainer.global_rank
         # Only the generators this rank draws from: torch.manual_seed also seeds every CUDA, XPU and
-        # MTIA device, ~190 us a call even on a CPU-only machine (measured); the CPU one takes 1 us.
+        # MTIA device, far dearer than the CPU generator's seed even on a CPU-only machine
+        # (docs/performance.md, "Why the engine does it this way").
         torch.default_generator.manual_seed(seed)
         if pl_module.device.type == "cuda":
             torch.cuda.manual_seed(seed)  # the current device, which Lightning set to this rank's

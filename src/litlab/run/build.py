@@ -65,8 +65,9 @@ def _skip_nvml_probe_without_a_driver() -> None:
     available never initialises CUDA (fork-started ranks need that). Where NVML cannot be loaded
     (no NVIDIA driver: CPU machines), torch then tries to dlopen libnvidia-ml on every
     ``torch.cuda.is_available()`` before falling back to the ordinary check, and torch's Adam and
-    AdamW ask on every optimizer step: 86 us a step on a 2-core CPU (measured; 5% of a small
-    model's step). Without a driver there is no CUDA to initialise, so the ordinary check is as safe.
+    AdamW ask on every optimizer step: a few percent of a small model's step (docs/performance.md,
+    "Why the engine does it this way"). Without a driver there is no CUDA to initialise, so the
+    ordinary check is as safe.
     """
     if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or sys.platform != "linux":
         return
