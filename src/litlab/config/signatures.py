@@ -94,8 +94,8 @@ class Signature:
 def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> None:
     """Raise ConfigError for the first key of a ``_target_`` node that its target does not accept,
     or whose value its annotation refuses."""
+    where = functools.partial(_where, cfg, overrides=overrides, config_dirs=config_dirs)
     for path, node, target in _target_nodes(cfg):
-        where = functools.partial(_where, cfg, overrides=overrides, config_dirs=config_dirs)
         engine_keys = ENGINE_KEYS.get(path, ())
         if target is None:  # `_target_: null` (strategy=auto): nothing is built from it
             for key in node:

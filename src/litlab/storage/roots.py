@@ -208,7 +208,7 @@ class RunStorage:
         self.identity = identity
         self.options = dict(options or {})  # for the folders beside this one (resume.folder_for_code)
         self.url = f"{self.root}/{identity}"
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **dict(options or {}))
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, **self.options)
 
     @property
     def is_local(self) -> bool:
