@@ -46,7 +46,7 @@ from litlab.errors import LitlabError, warn_about_setup
 from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.launch.hangs import HangWatch, HeartbeatAfterYourCallbacks
 from litlab.launch.multirun import sweep_job
-from litlab.launch.ranks import join_restarted_torchrun_group
+from litlab.torchrun import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.loggers import check_wandb_login, credential_arguments, grouping_arguments, missing_package

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from litlab.storage.roots import RunStorage
+from litlab.torchrun import agreed_with_rank_zero
 
 log = logging.getLogger("litlab")
 
@@ -99,8 +100,6 @@ def decide(
     A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
     always starts fresh, so it can be repeated.
     """
-    from litlab.launch.ranks import agreed_with_rank_zero
-
     inherited = json.loads(os.environ.get(DECISION_ENV, "{}"))
     # A rank Lightning's launcher started. Only for this run's storage: a process that ran a run in
     # itself (a notebook, a test session) hands its stale decision to every process it starts.

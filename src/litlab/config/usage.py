@@ -1,5 +1,5 @@
-"""``--help`` of the console scripts: Hydra's help template (configs/hydra/help/) with the config
-groups a user picks, read from the config search path at the time of asking.
+"""The config groups ``--help`` of the console scripts lists, in Hydra's help template
+(configs/hydra/help/): the groups a user picks, read from the config search path when asked.
 
 The template calls ``${litlab_config_groups:}``: every group but the schemas, Hydra's own (except
 ``hydra/launcher``) and the ones nobody picks (``paths``, ``local``), each with its options and the
