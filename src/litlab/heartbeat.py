@@ -1,4 +1,4 @@
-"""Where this rank is in its run, for the hang detector (``litlab.launch.hangs``): its heartbeat.
+"""Where this rank is in its run, for the hang detector (``litlab.run.hangs``): its heartbeat.
 
 The training loop's hooks and the checkpoint writer call ``beat`` and ``wrote``; they only set
 attributes (no I/O, no lock), so they cost next to nothing in every step. The detector's thread

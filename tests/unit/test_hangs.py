@@ -23,7 +23,7 @@ from litlab.heartbeat import (
     describe,
     order,
 )
-from litlab.launch.hangs import poll_interval
+from litlab.run.hangs import poll_interval
 
 
 @pytest.mark.parametrize(

@@ -40,9 +40,10 @@ def evaluate(cfg: DictConfig) -> float | None:
 
     from litlab.callbacks.progress import progress_bar
     from litlab.config.redact import unresolvable
-    from litlab.errors import LitlabError, check_gpus_available, one_line_errors
+    from litlab.errors import LitlabError, check_gpus_available
     from litlab.logs import route_lightning_logs_to_root
     from litlab.run.build import build_datamodule, build_module
+    from litlab.run.ending import one_line_errors
     from litlab.storage.checkpoints import RUN_CONFIG_KEY, read_run_checkpoint
 
     log = logging.getLogger("litlab")

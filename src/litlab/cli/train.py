@@ -19,13 +19,14 @@ from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
 from litlab.config import preflight, schema
 from litlab.launch import multirun, ranks
+from litlab.run.summary import SWEEP_JOB_ENV, sweep_job
 
 schema.register()
 
 
 @hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
 def train(cfg: DictConfig) -> float | None:
-    if multirun.sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
+    if sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
         return multirun.run_sweep_job(cfg, train_run)
     # Again, in milliseconds: the preflight leaves commands with Hydra's flags and HYDRA_FULL_ERROR=1 alone.
     preflight.check_train_config(cfg, list(HydraConfig.get().overrides.task))
@@ -35,11 +36,11 @@ def train(cfg: DictConfig) -> float | None:
 def train_run(cfg: DictConfig) -> float | None:
     """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
-    from litlab.errors import one_line_errors
     from litlab.launch.ranks import adopt_submitit_local_ranks
     from litlab.logs import route_lightning_logs_to_root
     from litlab.run import oom
     from litlab.run.build import build
+    from litlab.run.ending import one_line_errors
     from litlab.run.lifecycle import finish, prepare_run
 
     route_lightning_logs_to_root()  # Lightning's lines into train.log, rank-prefixed
@@ -61,7 +62,7 @@ def main() -> None:
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
-    if multirun.SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
+    if SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
         preflight.check_or_exit("train", sys.argv[1:])
     sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory
     try:

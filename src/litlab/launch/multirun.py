@@ -31,7 +31,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -41,12 +40,9 @@ from litlab.config.preflight import check_train_config
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
 from litlab.logs import global_rank
+from litlab.run.summary import FAILED, SWEEP_JOB_ENV, Summary, sweep_job
 
 log = logging.getLogger(__name__)
-
-# Set for the single-run child of a sweep job (and inherited by its ranks): the job's sweep
-# directory and number, as JSON, for summary.json and for recording the job's failure.
-SWEEP_JOB_ENV = "LITLAB_SWEEP_JOB"
 
 # Hydra overrides that belong to the sweep, not to the job: the child is a plain single run.
 # A trial's study and number reach a batch launcher's job as hydra.job.env_set; the child inherits the
@@ -65,18 +61,6 @@ _SWEEP_ONLY_GROUPS = ("hydra/sweeper", "hydra/launcher")
 
 class ChildFailed(RuntimeError):
     """The single-run child of a sweep job exited non-zero (its summary.json, if any, says why)."""
-
-
-def sweep_job() -> dict[str, Any] | None:
-    """This run's place in a sweep (``dir``, ``job_num``; under the pool launcher also ``devices``,
-    ``start``, ``command``), or None outside a multirun."""
-    inherited = os.environ.get(SWEEP_JOB_ENV)
-    if inherited:  # the job's own process (and its ranks)
-        return json.loads(inherited)
-    hydra = HydraConfig.get()
-    if hydra.mode == RunMode.MULTIRUN:  # a launcher's process that runs the job's command
-        return {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
-    return None
 
 
 def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) -> float | None:
@@ -155,8 +139,6 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
     that failed before its Trainer existed (a bad value, a global batch that does not divide) gets
     the fields its config knows.
     """
-    from litlab.run.summary import FAILED, Summary
-
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"

@@ -32,7 +32,7 @@ stopped by SIGTERM does: preempted, the same command resumes). The same command 
 completed jobs and resumes the others from their checkpoints. A sweep killed outright (SIGKILL)
 takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``), once
 per thread of the sweep as its threads end one by one, spread out under load: a job takes a SIGTERM
-that comes again while it stops (``litlab.launch.failures.StopTogetherOnSigterm``).
+that comes again while it stops (``litlab.run.failures.StopTogetherOnSigterm``).
 """
 
 from __future__ import annotations
@@ -549,7 +549,7 @@ class DevicePoolLauncher(Launcher):
         }
 
     def _start(self, job: _Job, schedule: DeviceSchedule, gpu_pool: bool) -> None:
-        from litlab.launch.multirun import SWEEP_JOB_ENV
+        from litlab.run.summary import SWEEP_JOB_ENV
 
         job.taken = schedule.take(job.need)
         job.devices, job.cores = job.taken.ids, job.taken.cores

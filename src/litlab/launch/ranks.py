@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from litlab.logs import global_rank
 from litlab.torchrun import agent_store, under_torchrun

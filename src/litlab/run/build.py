@@ -7,7 +7,7 @@ statistics, the non-finite guard, the world check, per-step reseeding, the train
 check, the run config stored in every checkpoint, the per-epoch history and the input wait (for
 summary.json, reports and the doctor), the run config as the loggers' parameters (both redacted:
 no credentials, ``litlab.config.redact``), the model summary, and the hang watch
-(``litlab.launch.hangs``). A logger, strategy, callback or profiler that raises while it is built
+(``litlab.run.hangs``). A logger, strategy, callback or profiler that raises while it is built
 ends the run in one line (``PartRefused``).
 """
 
@@ -43,15 +43,16 @@ from litlab.callbacks.world import WorldCheck
 from litlab.config.redact import Redaction, typed_overrides
 from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
-from litlab.launch.failures import StopTogetherOnSigterm, WatchTheRanks
-from litlab.launch.hangs import HangWatch, HeartbeatAfterYourCallbacks
-from litlab.launch.multirun import sweep_job
-from litlab.torchrun import join_restarted_torchrun_group
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
+from litlab.run.failures import StopTogetherOnSigterm, WatchTheRanks
+from litlab.run.hangs import HangWatch, HeartbeatAfterYourCallbacks
 from litlab.run.loggers import check_wandb_login, credential_arguments, grouping_arguments, missing_package
+from litlab.run.summary import FAILED, Summary, sweep_job
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
+from litlab.storage.roots import write_text_atomic
+from litlab.torchrun import join_restarted_torchrun_group
 
 if TYPE_CHECKING:
     from litlab.run.lifecycle import Run
@@ -244,9 +245,6 @@ def _refusal(target: str, error: BaseException, settings: Any) -> str:
 
 def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
     """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
-    from litlab.run.summary import FAILED, Summary
-    from litlab.storage.roots import write_text_atomic
-
     if not run.is_global_zero:
         return
     hydra = HydraConfig.get()

@@ -26,13 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from litlab.callbacks.run_stats import RunStats
 from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
-from litlab.errors import failure_reason
-from litlab.launch.multirun import sweep_job
 from litlab.logs import global_rank
 from litlab.run import doctor
+from litlab.run.ending import failure_reason
+from litlab.run.failures import restore_signal_handlers
+from litlab.run.hangs import stop_watching
 from litlab.run.identity import code_version, run_identity
 from litlab.run.loggers import log_final_metrics
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups, sweep_job
 from litlab.storage import resume
 from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
 from litlab.storage.lock import RunLock
@@ -123,9 +124,6 @@ class Run:
                     trainer.global_step,
                     PREEMPTED_EXIT_CODE,
                 )
-                from litlab.launch.failures import restore_signal_handlers
-                from litlab.launch.hangs import stop_watching
-
                 stop_watching()  # recorded: what is left is the exit
                 restore_signal_handlers()
                 raise SystemExit(PREEMPTED_EXIT_CODE) from error

@@ -8,7 +8,7 @@ steps, it halves ``data.batch_size``, doubles ``trainer.accumulate_grad_batches`
 is unchanged; integer batch limits double so each epoch covers the same samples), frees the cache
 and starts the fit again, at most ``oom.max_shrinks`` times. Under DDP every rank shrinks together
 when every rank ran out of memory in the same step; when only some did, every rank fails
-(``litlab.launch.failures.every_rank_out_of_memory``): ranks never train with different batches.
+(``litlab.run.failures.every_rank_out_of_memory``): ranks never train with different batches.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.config.redact import redact
 from litlab.errors import LitlabError
-from litlab.launch.failures import every_rank_out_of_memory
+from litlab.run.failures import every_rank_out_of_memory
 
 if TYPE_CHECKING:
     import lightning as L

@@ -3,7 +3,8 @@
 One definition, ``Summary``, used by every writer and reader: a finished or failed run
 (``litlab.run.lifecycle``), a sweep job that failed before its Trainer existed
 (``litlab.launch.multirun``), and the stand-in for a job folder without a summary
-(``litlab.report.collect``). Fields are described in docs/runs.md. Nothing here imports torch.
+(``litlab.report.collect``). Fields are described in docs/runs.md. ``sweep_job`` is the run's place
+in a sweep, which summary.json records. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -11,16 +12,23 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 PRUNED = "pruned"  # an Optuna trial stopped early by its pruner
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
+
+# Set for the single-run child of a sweep job (and inherited by its ranks): the job's sweep
+# directory and number, as JSON, for summary.json and for recording the job's failure.
+SWEEP_JOB_ENV = "LITLAB_SWEEP_JOB"
 
 
 @dataclass
@@ -163,3 +171,15 @@ def run_groups(choices: dict[str, Any]) -> dict[str, Any]:
 
 def now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def sweep_job() -> dict[str, Any] | None:
+    """This run's place in a sweep (``dir``, ``job_num``; under the pool launcher also ``devices``,
+    ``start``, ``command``), or None outside a multirun."""
+    inherited = os.environ.get(SWEEP_JOB_ENV)
+    if inherited:  # the job's own process (and its ranks)
+        return json.loads(inherited)
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:  # a launcher's process that runs the job's command
+        return {"dir": hydra.sweep.dir, "job_num": hydra.job.num}
+    return None

@@ -44,7 +44,7 @@ from litlab.heartbeat import (
     describe,
     order,
 )
-from litlab.launch import failures
+from litlab.run import failures
 from litlab.storage.checkpoints import kept_checkpoint
 
 log = logging.getLogger("litlab")

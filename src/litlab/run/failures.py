@@ -24,7 +24,7 @@ may come more than once (a sweep job's ``PR_SET_PDEATHSIG`` fires once per threa
 sweep): one that comes while the run stops is noted, and the stop goes on to summary.json.
 
 A rank that is alive but stuck, and a SIGTERM whose ranks cannot reach that boundary in time, are
-``litlab.launch.hangs``'s.
+``litlab.run.hangs``'s.
 
 ``oom=auto_shrink`` retries a smaller micro-batch only when every rank ran out of memory in the same
 step (``every_rank_out_of_memory``); otherwise every rank fails.
@@ -180,12 +180,10 @@ class World:
     # --- the one line ------------------------------------------------------------------------------
 
     def explain(self, error: BaseException) -> str:
-        """The one-line reason a failure of this rank ends the run, for every rank to print."""
+        """The one-line reason a failure of this rank ends the run, for every rank to print (asked
+        through ``litlab.run.ending``, which first lets ranks that are ending a hang end this one)."""
         if id(error) in self.explained:
             return self.explained[id(error)]
-        from litlab.launch.hangs import follow_an_ending_run  # it imports this module
-
-        follow_an_ending_run()  # a peer ended because the ranks are ending a hang: their line
         if lost_a_peer(error):
             cause = self.peer_cause() or (
                 f"rank {self.rank} lost its connection to another rank ({_first_line(error)}) and no rank "
@@ -414,7 +412,7 @@ class StopTogetherOnSigterm(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not self._agreed(trainer):
             return
-        # The ranks met at a batch boundary and agreed, within preempt_grace (litlab.launch.hangs); a
+        # The ranks met at a batch boundary and agreed, within preempt_grace (litlab.run.hangs); a
         # validation under way is finished first, watched by hang_timeout like any other.
         HEARTBEAT.preempt_boundary_reached = True
         if _epoch_ending(trainer):

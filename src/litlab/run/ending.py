@@ -1,0 +1,89 @@
+"""How a failing run ends: one line on stderr (``one_line_errors``) and the reason its summary.json
+records (``failure_reason``); in a multi-rank run, the same line on every rank.
+
+``litlab.config.preflight`` catches what the config alone shows, before torch loads. What shows
+only afterwards (no such GPU, a file that is not a checkpoint, weights of another model, a
+non-finite loss, out of memory) is raised as a ``LitlabError`` inside ``one_line_errors()``. In a
+single run that prints ``litlab: error: <sentence>`` as the last line of stderr and exits: Hydra
+would print its "Set the environment variable HYDRA_FULL_ERROR=1" hint after any error, even a
+compact one. With ``HYDRA_FULL_ERROR=1`` the error is raised on, traceback and all. In a multirun,
+where a job failure must stay a failed job and not end the sweep, it is raised on to Hydra, which
+prints a ``CompactHydraException`` without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from litlab.config.rules import ConfigError
+from litlab.errors import LitlabError, spawned_rank_failure
+from litlab.run.failures import World, current_world, lost_a_peer
+from litlab.run.hangs import follow_an_ending_run
+
+log = logging.getLogger("litlab")
+
+
+def failure_reason(error: BaseException) -> str:
+    """The text summary.json records for a failed run: in a multi-rank run, which rank failed and why."""
+    world = current_world()
+    if world is not None and not isinstance(error, (SystemExit, KeyboardInterrupt)):
+        return _explained(world, error)
+    if isinstance(error, LitlabError):
+        return error.reason
+    return spawned_rank_failure(error) or f"{type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turns errors that mean "change the config" (litlab's ConfigError, Lightning's
+    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too.
+
+    In a multi-rank run every error ends the same way on every rank: one line naming the rank that
+    failed and why (``litlab.run.failures``), the traceback of this rank's own error in train.log.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        try:
+            yield
+        except (ConfigError, MisconfigurationException) as error:
+            raise LitlabError(" ".join(str(error).split())) from error  # Lightning's span lines
+    except LitlabError as error:
+        log.error(error.reason)
+        _exit_in_one_line(error, error.exit_code)
+    except Exception as error:
+        spawned = spawned_rank_failure(error)
+        if spawned is not None:  # strategy=ddp_spawn: the rank's traceback went to its own output
+            log.error(spawned)
+            _exit_in_one_line(LitlabError(spawned), 1)
+        world = current_world()
+        if world is None:
+            raise
+        log.error("rank %d stopped", world.rank, exc_info=not lost_a_peer(error))
+        _exit_in_one_line(error, 1)
+
+
+def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
+        raise error
+    world = current_world()
+    reason = _explained(world, error) if world is not None else error.reason
+    if world is not None:
+        world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
+    sys.stderr.write(f"litlab: error: {reason}\n")  # the last line of stderr, like preflight's
+    sys.exit(exit_code)
+
+
+def _explained(world: World, error: BaseException) -> str:
+    """The world's one line for ``error``; first, where the ranks are ending a hang or a preemption,
+    this rank ends as they do, with their line (a peer ended because of it)."""
+    if id(error) not in world.explained:
+        follow_an_ending_run()
+    return world.explain(error)
