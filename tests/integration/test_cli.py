@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-from litlab.config import preflight
+from litlab.cli import preflight
 from tests.conftest import BIN, FAULTS_IMPORTABLE, REPO, TINY, litlab, ok, run_dirs, summary
 from tests.faults import MLPThatWarns
 

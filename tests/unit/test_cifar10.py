@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from litlab.config import preflight
+from litlab.cli import preflight
 from litlab.data import TensorBatches
 from project.vision.cifar10 import FOLDER, CIFAR10DataModule, crop_and_flip
 from tests.cifar_files import write_cifar10

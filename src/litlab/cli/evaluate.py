@@ -23,12 +23,14 @@ from litlab import garbage_collection
 from litlab.cli import quiet
 from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
-from litlab.config import preflight, schema
+from litlab.cli.preflight import check_or_exit
+from litlab.config import schema
+from litlab.config.preflight import CONFIG_DIR
 
 schema.register()
 
 
-@hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="eval")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 def evaluate(cfg: DictConfig) -> float | None:
     # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     import json
@@ -118,7 +120,7 @@ def main() -> None:
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # ckpt_path=PATH that Hydra cannot parse: how to quote it
-    preflight.check_or_exit("eval", sys.argv[1:])
+    check_or_exit("eval", sys.argv[1:])
     try:
         evaluate()
     finally:

@@ -17,19 +17,21 @@ from litlab import garbage_collection
 from litlab.cli import quiet
 from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
-from litlab.config import preflight, schema
+from litlab.cli.preflight import check_or_exit
+from litlab.config import schema
+from litlab.config.preflight import CONFIG_DIR, check_train_config
 from litlab.launch import multirun, ranks
 from litlab.run.summary import SWEEP_JOB_ENV, sweep_job
 
 schema.register()
 
 
-@hydra.main(version_base="1.3", config_path=str(preflight.CONFIG_DIR), config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def train(cfg: DictConfig) -> float | None:
     if sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
         return multirun.run_sweep_job(cfg, train_run)
     # Again, in milliseconds: the preflight leaves commands with Hydra's flags and HYDRA_FULL_ERROR=1 alone.
-    preflight.check_train_config(cfg, list(HydraConfig.get().overrides.task))
+    check_train_config(cfg, list(HydraConfig.get().overrides.task))
     return train_run(cfg)
 
 
@@ -63,7 +65,7 @@ def main() -> None:
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
     if SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
-        preflight.check_or_exit("train", sys.argv[1:])
+        check_or_exit("train", sys.argv[1:])
     sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory
     try:
         train()

@@ -1,90 +1,17 @@
-"""Check a command line's config before Hydra starts the run: no run directory until it is right.
-
-Hydra creates the run directory before the task function runs, and reports composition errors as
-several lines ending in a hint. ``check_or_exit`` composes the same config first and turns any
-problem into one sentence on stderr, naming the bad key or value and what is allowed, then exits 2:
-
-1. composition and the schema of litlab's own settings (unknown keys, wrong types, unknown
-   options), every ``_target_`` node's keys against its target's signature (``trainer``'s against
-   lightning.Trainer), then the rules types cannot express; none of this imports torch, so a typo
-   fails in well under a second;
-2. the storage root (writable, reachable), an explicit ``resume=PATH``, and that no other process
-   holds the run's lock (``litlab.storage.lock``);
-3. your datamodule's constructor and the optimizer partial, built once on the side with the
-   config's values (this imports torch and Lightning, which the run needs anyway): a value they
-   reject (a folder that does not exist, a negative learning rate) fails here, not in the run.
-
-Sweeps given with ``-m`` or comma lists are left to Hydra: each job checks itself when it starts.
+"""The torch-free checks of a composed train config (``check_train_config``) and where the configs
+are read from (``CONFIG_DIR``, ``config_dirs``). The command line's preflight, which runs them
+before Hydra starts, is ``litlab.cli.preflight``; each sweep job runs them when it starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    MissingMandatoryValue,
-    OmegaConfBaseException,
-)
 
-from litlab.config import rules, schema, signatures
-from litlab.logs import global_rank
-from litlab.run.identity import run_identity
-from litlab.storage import lock, roots
+from litlab.config import rules, signatures
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
-
-
-def check_or_exit(config_name: str, args: list[str]) -> None:
-    if any(arg.startswith("-") for arg in args) or os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return  # Hydra's own flags (-m, --cfg, --help...), or the user asked for Hydra's full errors
-    try:
-        overrides = OverridesParser.create().parse_overrides(args)
-    except OverrideParseException as error:
-        _exit(
-            f"malformed override '{error.override}': {_first_line(error.message)} (see --help for the syntax)"
-        )
-    if any(o.is_sweep_override() for o in overrides):
-        return
-    for override in overrides:
-        if not override.key_or_group:
-            _exit(f"malformed override '{override.input_line}': the key before '=' is missing")
-    schema.register()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=args, return_hydra_config=True)
-    except MissingConfigException as error:
-        _exit(_missing_option_message(error))
-    except (HydraException, OmegaConfBaseException) as error:
-        _exit(_user_group_key_message(config_name, args, error) or composition_message(error))
-    except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
-        _exit(f"malformed override: {_first_line(str(error))} (see --help for the syntax)")
-    # A sweep file (hydra.mode: MULTIRUN) is checked on its base config: a bad value all its jobs
-    # share fails here once; values its sweeper varies are checked by each job.
-    try:
-        if config_name == "train":
-            check_train_config(cfg, args)
-            check_storage_and_resume(cfg)
-        else:
-            rules.check_eval(cfg)
-    except (rules.ConfigError, roots.StorageError) as error:
-        _exit(str(error))
-    except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
-        _exit(f"'{error.full_key}' has no value: set it, or choose an option of its group")
-    if config_name == "train" and cfg.hydra.mode != RunMode.MULTIRUN:  # a sweep's jobs build their own
-        try:
-            build_on_the_side(cfg)
-        except rules.ConfigError as error:
-            _exit(str(error))
 
 
 def check_train_config(cfg: DictConfig, overrides: list[str]) -> None:
@@ -102,102 +29,3 @@ def config_dirs(cfg: DictConfig) -> list[Path]:
         if str(entry).startswith("file://")
     ]
     return [CONFIG_DIR, *extra]
-
-
-def build_on_the_side(cfg: DictConfig) -> None:
-    """Construct the datamodule and call the optimizer partial with one parameter, as the run will,
-    so that a value they reject fails before any run directory exists. Raises ConfigError."""
-    from litlab.run.build import check_by_building
-
-    _set_hydra_config(cfg)
-    check_by_building(cfg)
-
-
-def _set_hydra_config(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().set_config(cfg)  # configs may use ${hydra:runtime.cwd} and the like
-
-
-def check_storage_and_resume(cfg: DictConfig) -> None:
-    """The storage root is usable and an explicit ``resume=PATH`` exists, before torch loads."""
-    _set_hydra_config(cfg)
-    try:
-        storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True)
-    except MissingMandatoryValue:
-        example = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix"}.get(
-            cfg.storage.name, "/mnt/drive/litlab"
-        )
-        raise roots.StorageError(
-            f"storage={cfg.storage.name} needs storage.root, e.g. storage.root={example}"
-        ) from None
-    except OmegaConfBaseException:
-        return  # e.g. a root built from the run directory: prepare_run checks it once that exists
-    roots.check_storage(storage_cfg)
-    if cfg.resume not in ("auto", "never"):
-        roots.check_checkpoint_exists(str(cfg.resume), storage_cfg)
-    if global_rank() == 0:  # another process training this run identity: refuse before torch loads
-        identity = run_identity(cfg)
-        options = roots.storage_options(storage_cfg)
-        lock.check_not_locked(roots.RunStorage(storage_cfg["root"], identity, options))
-
-
-def _user_group_key_message(config_name: str, args: list[str], error: BaseException) -> str | None:
-    """``model.net.hiden=3``: Hydra refuses a key its config does not have, without saying which keys
-    there are. For a node with a ``_target_``, the signature check's line (composed without the key,
-    then the key added back)."""
-    cause = error.__cause__
-    key = getattr(cause, "full_key", None)
-    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not key or "." not in key:
-        return None
-    others = [a for a in args if a.split("=", 1)[0].lstrip("+~") != key]
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=others, return_hydra_config=True)
-        OmegaConf.update(cfg, key, None, force_add=True)
-        signatures.check(cfg, args, config_dirs(cfg))
-    except rules.ConfigError as refused:
-        return str(refused) if f"'{key}'" in str(refused) else None
-    except Exception:  # the other overrides do not compose either: Hydra's message it is
-        return None
-    return None
-
-
-def composition_message(error: BaseException) -> str:
-    """One sentence from a Hydra/OmegaConf composition error and its cause."""
-    cause = error.__cause__
-    if isinstance(cause, OmegaConfBaseException):
-        key = getattr(cause, "full_key", None)
-        reason = _first_line(str(cause))
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
-            return f"unknown key '{key}'{_allowed_keys(cause)}"
-        if key:
-            return f"bad value for '{key}': {reason}"
-        return reason
-    return _first_line(str(error))
-
-
-def _allowed_keys(error: OmegaConfBaseException) -> str:
-    schema_type = getattr(error, "object_type", None)
-    if schema_type is None or not dataclasses.is_dataclass(schema_type):
-        return ""
-    names = [f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_")]
-    return f": allowed keys are {', '.join(names)}"
-
-
-def _missing_option_message(error: MissingConfigException) -> str:
-    group, _, name = (error.missing_cfg_file or "").rpartition("/")
-    if error.options:
-        return (
-            f"'{name}' is not an option of group '{group}': choose one of {', '.join(sorted(error.options))}"
-        )
-    return _first_line(str(error))
-
-
-def _first_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.strip().splitlines()[:1])
-
-
-def _exit(message: str) -> None:
-    print(f"litlab: error: {message}", file=sys.stderr)
-    sys.exit(2)

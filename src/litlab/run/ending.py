@@ -1,7 +1,7 @@
 """How a failing run ends: one line on stderr (``one_line_errors``) and the reason its summary.json
 records (``failure_reason``); in a multi-rank run, the same line on every rank.
 
-``litlab.config.preflight`` catches what the config alone shows, before torch loads. What shows
+``litlab.cli.preflight`` catches what the config alone shows, before torch loads. What shows
 only afterwards (no such GPU, a file that is not a checkpoint, weights of another model, a
 non-finite loss, out of memory) is raised as a ``LitlabError`` inside ``one_line_errors()``. In a
 single run that prints ``litlab: error: <sentence>`` as the last line of stderr and exits: Hydra
