@@ -15,13 +15,10 @@ that happened, the loader is built again, with the saved position, before the fi
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-
-if TYPE_CHECKING:
-    from litlab.run.lifecycle import Run
 
 log = logging.getLogger("litlab")
 
@@ -33,8 +30,14 @@ def restores_position(loader: Any) -> bool:
     )
 
 
+class RunRecord(Protocol):
+    """Where the check records whether resume is exact (``litlab.run.lifecycle.Run``)."""
+
+    resume_exact: bool | None
+
+
 class ResumableLoaderCheck(Callback):
-    def __init__(self, run: Run | None = None) -> None:
+    def __init__(self, run: RunRecord | None = None) -> None:
         self.run = run
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

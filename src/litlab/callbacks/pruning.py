@@ -13,33 +13,28 @@ A database that cannot be reached never fails the run: it trains on, unpruned, w
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from litlab.launch.search import TRIAL_ENV, make_pruner, quiet_optuna
-
-if TYPE_CHECKING:
-    from litlab.run.lifecycle import Run
+from litlab.config.pruners import make_pruner, quiet_optuna
 
 log = logging.getLogger("litlab")
 
 
-def trial_from_env() -> dict[str, Any] | None:
-    """The trial this process trains (``LITLAB_OPTUNA_TRIAL``), or None outside a search."""
-    text = os.environ.get(TRIAL_ENV)
-    return json.loads(text) if text else None
+class RunRecord(Protocol):
+    """Where the callback records the epoch a trial was pruned at (``litlab.run.lifecycle.Run``)."""
+
+    extra: dict[str, Any]
 
 
 class TrialPruning(Callback):
     """Reports ``metric`` to an Optuna trial after every validation and stops the run when its pruner
     says so (``run.extra["pruned_epoch"]`` then tells ``litlab.run.lifecycle`` the run was pruned)."""
 
-    def __init__(self, metric: str, spec: dict[str, Any], run: Run) -> None:
+    def __init__(self, metric: str, spec: dict[str, Any], run: RunRecord) -> None:
         self.metric = metric
         self.spec = spec
         self.run = run

@@ -71,6 +71,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.pruners import TRIAL_ENV, check_pruner, make_pruner, quiet_optuna
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch.pool import QueuedJob
@@ -81,9 +82,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The environment variable that tells a trial's process its study and trial (JSON), for pruning.
-TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
-PRUNERS = ("median", "hyperband", "none")
 SAMPLERS = ("tpe", "random")
 BEST_TRIAL_FILE = "best_trial.yaml"
 # A trial this worker asked for over the budget (another worker asked at the same moment) and gave back.
@@ -358,31 +356,6 @@ def make_sampler(sampler: dict[str, Any]) -> Any:
     raise ConfigError(f"hydra.sweeper.sampler.name={name}: choose one of {', '.join(SAMPLERS)}")
 
 
-def check_pruner(pruner: str) -> None:
-    if pruner not in PRUNERS:
-        raise ConfigError(f"hydra.sweeper.pruner={pruner}: choose one of {', '.join(PRUNERS)}")
-
-
-def make_pruner(spec: dict[str, Any]) -> Any:
-    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process."""
-    import optuna
-
-    name = spec["name"]
-    check_pruner(name)
-    if name == "median":
-        return optuna.pruners.MedianPruner(
-            n_startup_trials=int(spec.get("startup_trials", 5)),
-            n_warmup_steps=int(spec.get("warmup_epochs", 0)),
-        )
-    if name == "hyperband":
-        max_epochs = spec.get("max_epochs")
-        return optuna.pruners.HyperbandPruner(
-            min_resource=max(1, int(spec.get("warmup_epochs", 0)) + 1),
-            max_resource=max_epochs if isinstance(max_epochs, int) and max_epochs > 0 else "auto",
-        )
-    return optuna.pruners.NopPruner()
-
-
 # --- the sweeper ---------------------------------------------------------------------------------
 
 
@@ -557,20 +530,6 @@ class OptunaSearch(Sweeper):
             for offset, job_return in enumerate(returns):
                 trials.on_done(job_idx + offset, job_return)
             job_idx += len(batch)
-
-
-def quiet_optuna() -> None:
-    """litlab says what happens, once: Optuna's INFO lines and its warnings that heartbeats, retries
-    and stale-trial checks are experimental (they have been since Optuna 2.8) are left out."""
-    import warnings
-
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings(
-        "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
-    )
 
 
 def _quoted(text: str) -> str:

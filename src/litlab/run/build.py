@@ -36,10 +36,11 @@ from litlab.callbacks.loader_state import ResumableLoaderCheck
 from litlab.callbacks.logger_runs import LoggerRuns
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
-from litlab.callbacks.pruning import TrialPruning, trial_from_env
+from litlab.callbacks.pruning import TrialPruning
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
+from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction, typed_overrides
 from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup

@@ -1,0 +1,62 @@
+"""Optuna pruning's settings, shared by the search (``litlab.launch.search``) and the pruning
+callback in each trial's process (``litlab.callbacks.pruning``): the pruners a search may name
+(``hydra.sweeper.pruner``), the pruner built from them, and ``LITLAB_OPTUNA_TRIAL``, which tells a
+trial's process its study and trial. Optuna is imported only when a pruner is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from litlab.config.rules import ConfigError
+
+# The environment variable that tells a trial's process its study and trial (JSON), for pruning.
+TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
+PRUNERS = ("median", "hyperband", "none")
+
+
+def check_pruner(pruner: str) -> None:
+    if pruner not in PRUNERS:
+        raise ConfigError(f"hydra.sweeper.pruner={pruner}: choose one of {', '.join(PRUNERS)}")
+
+
+def make_pruner(spec: dict[str, Any]) -> Any:
+    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process."""
+    import optuna
+
+    name = spec["name"]
+    check_pruner(name)
+    if name == "median":
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=int(spec.get("startup_trials", 5)),
+            n_warmup_steps=int(spec.get("warmup_epochs", 0)),
+        )
+    if name == "hyperband":
+        max_epochs = spec.get("max_epochs")
+        return optuna.pruners.HyperbandPruner(
+            min_resource=max(1, int(spec.get("warmup_epochs", 0)) + 1),
+            max_resource=max_epochs if isinstance(max_epochs, int) and max_epochs > 0 else "auto",
+        )
+    return optuna.pruners.NopPruner()
+
+
+def quiet_optuna() -> None:
+    """litlab says what happens, once: Optuna's INFO lines and its warnings that heartbeats, retries
+    and stale-trial checks are experimental (they have been since Optuna 2.8) are left out."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings(
+        "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
+    )
+
+
+def trial_from_env() -> dict[str, Any] | None:
+    """The trial this process trains (``LITLAB_OPTUNA_TRIAL``), or None outside a search."""
+    text = os.environ.get(TRIAL_ENV)
+    return json.loads(text) if text else None
