@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from litlab.cli.compare import main as compare_main
 from litlab.report.collect import collect_runs
-from litlab.report.compare import build_report, report_runs
+from litlab.report.compare import build_report
+from litlab.report.render import report_runs
 
 
 def write_job(

@@ -14,8 +14,8 @@ import pytest
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
 from litlab.errors import spawned_rank_failure
-from litlab.run.failures import _how_it_ended, lost_a_peer
 from litlab.launch.ranks import with_agreed_run_dir
+from litlab.run.failures import _how_it_ended, lost_a_peer
 from litlab.storage.roots import (
     StorageFailed,
     failed_storage,

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from litlab.report.collect import collect_runs
-from litlab.report.compare import build_report, report_runs
-from litlab.report.render import plot
+from litlab.report.compare import build_report
+from litlab.report.render import plot, report_runs
 from tests.conftest import TINY, train_in_process
 
 

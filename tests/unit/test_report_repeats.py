@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from litlab.cli.compare import main as compare_main
 from litlab.report.callback import SweepReport
 from litlab.report.collect import collect_runs
-from litlab.report.compare import build_report, report_runs
-from litlab.report.render import plot
+from litlab.report.compare import build_report
+from litlab.report.render import plot, report_runs
 
 # Per precision, per seed 1, 2, 3: samples/s, peak memory (MiB), val/acc.
 FIGURES = {

@@ -17,7 +17,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from litlab.report.compare import DEFAULT_BASELINE, CompareError, report_runs
+from litlab.report.compare import DEFAULT_BASELINE, CompareError
+from litlab.report.render import report_runs
 
 
 def main(argv: Sequence[str] | None = None) -> None:

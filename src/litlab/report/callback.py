@@ -15,7 +15,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from litlab.report.collect import is_run_dir
-from litlab.report.compare import DEFAULT_BASELINE, Report, report_runs
+from litlab.report.compare import DEFAULT_BASELINE, Report
+from litlab.report.render import report_runs
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ own, neither compared nor a failure. ``litlab.report.render`` writes the result;
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,11 +20,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.report.collect import CompareError, RunResult, collect_runs
+from litlab.report.collect import CompareError, RunResult
 from litlab.report.stats import Estimate, estimate, significant, welch_p_value
 from litlab.run.summary import COMPLETED, PRUNED
-
-log = logging.getLogger(__name__)
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
 # Runs that differ only in this key are repeats of one configuration: one row, with statistics.
@@ -390,29 +387,3 @@ def _ratio(value: Any, reference: Any) -> float | None:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def report_runs(
-    paths: Sequence[Path],
-    out_dir: Path,
-    baseline: str = DEFAULT_BASELINE,
-    metric: str | None = None,
-    metric_mode: str | None = None,
-) -> Report:
-    """Collect the runs under ``paths``, compare them and write the report into ``out_dir``."""
-    from litlab.report.render import write_report
-
-    report = build_report(collect_runs(paths), baseline=baseline, metric=metric, metric_mode=metric_mode)
-    report.sources = list(paths)
-    write_report(report, out_dir)
-    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
-    log.info(
-        "report of %d runs (%d completed, %d pruned, %d failed) in %d rows: %s",
-        report.run_count,
-        completed,
-        len(report.pruned),
-        len(report.failed),
-        len(report.rows),
-        out_dir / "report.md",
-    )
-    return report

@@ -1,15 +1,21 @@
-"""Write a report: report.md (the table), report.csv (every column), report.png (the plot)."""
+"""Write a report: report.md (the table), report.csv (every column), report.png (the plot);
+``report_runs`` collects, compares and writes in one call."""
 
 from __future__ import annotations
 
 import csv
+import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from litlab.report.compare import _DEVICE_KEYS, Report, _finite
+from litlab.report.collect import collect_runs
+from litlab.report.compare import _DEVICE_KEYS, DEFAULT_BASELINE, Report, _finite, build_report
 from litlab.report.stats import CONFIDENCE, SIGNIFICANCE
 from litlab.run.summary import COMPLETED, PRUNED
+
+log = logging.getLogger(__name__)
 
 REPORT_FILES = ("report.md", "report.csv", "report.png")
 
@@ -532,3 +538,27 @@ def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
 
 def _or_zero(value: Any) -> float:
     return float(value) if _finite(value) else 0.0
+
+
+def report_runs(
+    paths: Sequence[Path],
+    out_dir: Path,
+    baseline: str = DEFAULT_BASELINE,
+    metric: str | None = None,
+    metric_mode: str | None = None,
+) -> Report:
+    """Collect the runs under ``paths``, compare them and write the report into ``out_dir``."""
+    report = build_report(collect_runs(paths), baseline=baseline, metric=metric, metric_mode=metric_mode)
+    report.sources = list(paths)
+    write_report(report, out_dir)
+    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
+    log.info(
+        "report of %d runs (%d completed, %d pruned, %d failed) in %d rows: %s",
+        report.run_count,
+        completed,
+        len(report.pruned),
+        len(report.failed),
+        len(report.rows),
+        out_dir / "report.md",
+    )
+    return report
