@@ -61,9 +61,10 @@ tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams 
 bench: $(SETUP) ## Measure litlab against bare Lightning and plain PyTorch (benchmarks/; logs/bench/<time>/bench.md)
 	$(PYTHON) -m benchmarks.bench $(ARGS)
 
-lint: $(SETUP) ## ruff check and ruff format --check
+lint: $(SETUP) ## ruff check, ruff format --check, and the engine's layers (lint-imports)
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/lint-imports
 
 format: $(SETUP) ## Format and auto-fix with ruff
 	$(VENV)/bin/ruff format src tests scripts benchmarks
