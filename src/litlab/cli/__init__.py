@@ -1,1 +1,2 @@
-"""The console scripts: ``litlab-train``, ``litlab-eval``, ``litlab-compare``, each a short recipe."""
+"""The console scripts: ``litlab-train``, ``litlab-eval``, ``litlab-compare``, each a short recipe,
+and the command line's preflight."""

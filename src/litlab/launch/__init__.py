@@ -1,2 +1,2 @@
-"""Who starts the ranks (ranks), sweep jobs as processes of their own (multirun), and the default
-launcher's pool of devices (pool)."""
+"""Sweeps: jobs as processes of their own (multirun), the default launcher's pool of devices
+(pool), the Optuna search (search), and who started this process's ranks (ranks)."""
