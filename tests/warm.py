@@ -22,8 +22,8 @@ warm, tests/warm_jobs/sitecustomize.py has such a process hand its command to a 
 import-time environment (``run_job_warm``) and stand for the warm child until it ends: it passes on
 the signals it gets (the pool's SIGTERM to the job's process group), and exits as the child did; the
 child takes its CPU cores and its command line, and ends when its stand-in does. The first process
-of an environment starts that server and waits for it. Tasks of torchrun, Slurm or submitit, and
-everything the bench starts, run cold.
+of an environment starts that server and waits for it. torchrun's workers start warm the same way;
+tasks of Slurm or submitit, and everything the bench starts, run cold.
 
 Server protocol, over a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
 new_session, affinity) with its stdin, stdout and stderr (and a job's stand-in pipe) passed as file
@@ -71,7 +71,12 @@ JOB_SERVER_IDLE_S = 300  # a sweep jobs' server with no child for this long ends
 
 
 def import_time_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+    # torchrun's TORCHELASTIC_* (run id, restart count, a file per worker) are read as it trains.
+    return tuple(
+        sorted(
+            (k, v) for k, v in env.items() if k.startswith(IMPORT_TIME) and not k.startswith("TORCHELASTIC_")
+        )
+    )
 
 
 # --- the client: used by the tests ----------------------------------------------------------------
@@ -409,18 +414,21 @@ def _alive(pid: int) -> bool:
 
 # --- a sweep job's stand-in: tests/warm_jobs/sitecustomize.py -----------------------------------
 
-# Set by a cluster or a launcher other than Lightning's (torchrun, Slurm, submitit, LSF, MPI): their
-# tasks' processes start cold, as they are.
-_CLUSTER_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "LSB_", "JSM_", "PMI_", "OMPI_")
+# Set by a cluster or a launcher other than Lightning's (Slurm, submitit, LSF, MPI): their tasks'
+# processes start cold, as they are. torchrun's workers are its own children on this machine, as a
+# sweep's jobs are the pool's: every one of them starts warm.
+_CLUSTER_PREFIXES = ("SLURM_", "SUBMITIT_", "LSB_", "JSM_", "PMI_", "OMPI_")
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "GROUP_RANK")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
 def hands_over(env: dict[str, str]) -> bool:
     """Whether a litlab command's process with this environment runs as a warm child: a rank other
-    than 0 that Lightning started (LOCAL_RANK), or a sweep job's process."""
+    than 0 that Lightning started (LOCAL_RANK), any worker torchrun started, or a sweep job's process."""
     if any(k.startswith(_CLUSTER_PREFIXES) for k in env):
         return False
+    if "TORCHELASTIC_RUN_ID" in env:  # a worker torchrun started, rank 0 included
+        return True
     if "LOCAL_RANK" in env:
         return env["LOCAL_RANK"] != "0"
     return "LITLAB_SWEEP_JOB" in env and not any(k in env for k in _RANK_VARIABLES)
@@ -442,7 +450,8 @@ def run_job_warm(setting: str) -> None:
         return
     stand_in_read, stand_in_write = os.pipe()
     request = {
-        "argv": sys.orig_argv[1:],
+        # Without `-u` (torchrun's): the child writes unbuffered as the server does (PYTHONUNBUFFERED).
+        "argv": sys.orig_argv[2:] if sys.orig_argv[1:2] == ["-u"] else sys.orig_argv[1:],
         "env": env,
         "cwd": os.getcwd(),
         "new_session": True,  # the child's group: itself and its ranks, as the pool's job has

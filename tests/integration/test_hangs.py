@@ -1,5 +1,5 @@
 """A rank that is alive but stuck ends the run in one line, and so does a preemption that cannot
-reach a batch boundary; build-time refusals are one line; ``-m`` works anywhere.
+reach a batch boundary; build-time refusals are one line.
 
 Real processes: 2 gloo ranks under Lightning's launcher with a rank asleep in a step
 (``tests.faults.SleepAt``) or a DataLoader worker that stops yielding
@@ -11,7 +11,6 @@ Real processes: 2 gloo ranks under Lightning's launcher with a rank asleep in a 
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
@@ -288,13 +287,3 @@ def test_a_logger_that_refuses_its_tracking_uri_fails_in_one_line(tmp_path):
     (run,) = run_dirs(log_dir)
     assert summary(run)["status"] == "failed"
     assert not list(log_dir.glob("**/*.ckpt"))
-
-
-def test_multirun_flag_in_the_middle_of_the_command(tmp_path):
-    log_dir = tmp_path / "logs"
-    result = litlab("litlab-train", "model=mlp", *TINY, "-m", "seed=1", env={"LITLAB_LOG_DIR": str(log_dir)})
-    ok(result)
-    # One job is enough: a multirun (its run under multiruns/), not a single run.
-    summaries = [json.loads(p.read_text()) for p in log_dir.glob("**/multiruns/**/summary.json")]
-    assert [s["status"] for s in summaries] == ["completed"], result.stdout[-2000:]
-    assert not (log_dir / "train" / "runs").exists()

@@ -1,12 +1,13 @@
-"""Credentials never leave the environment: a run, and a sweep, that log to an MLflow server with
-basic auth (``http://admin:<password>@...`` in ``MLFLOW_TRACKING_URI``) and build their data from a
-config key interpolating another secret (``${oc.env:...}``), with ``logger=[csv,mlflow,tensorboard]``.
+"""Credentials never leave the environment: a search (a sweep, an Optuna study and its trial's run)
+that logs to an MLflow server with basic auth (``http://admin:<password>@...`` in
+``MLFLOW_TRACKING_URI``) and builds its data from a config key interpolating another secret
+(``${oc.env:...}``), with ``logger=[csv,mlflow,tensorboard,wandb]``.
 
-Every byte they leave is searched for both secrets: the run and sweep folders, the storage folder and
-every checkpoint, the TensorBoard events, the CSV files, the MLflow server's store, artifacts and log,
-and the commands' stdout and stderr. The run still authenticates (its MLflow run exists on the
-server, which refuses requests without the password), and ``litlab-eval`` on its checkpoint resolves
-the token again from its own environment, or says in one line that it cannot.
+Every byte it leaves is searched for both secrets: the sweep and job folders, the storage folder and
+every checkpoint, the study, the TensorBoard events, the CSV and W&B files, the MLflow server's store,
+artifacts and log, and the commands' stdout and stderr. The trial still authenticates (its MLflow run
+exists on the server, which refuses requests without the password), and ``litlab-eval`` on its
+checkpoint resolves the token again from its own environment, or says in one line that it cannot.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs
+from tests.conftest import BIN, FAULTS_IMPORTABLE, TINY, litlab, ok
 from tests.faults import SERVICE_TOKEN_ENV
 from tests.integration.test_loggers import free_port, wait_until_up
 
@@ -119,14 +120,38 @@ def mlflow_runs(url: str, experiment: str, monkeypatch) -> list:
 
 
 @pytest.mark.slow
-def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluates(
+def test_a_search_writes_logs_and_stores_no_credential_and_its_trial_authenticates_and_evaluates(
     log_dir, auth_server, tmp_path, monkeypatch
 ):
+    """An ``hparams_search=optuna`` multirun of one trial is a sweep, an Optuna study (its trials'
+    parameters, user and system attributes) and a run, with every logger: one command writes every
+    kind of file that could hold a credential."""
+    pytest.importorskip("wandb")
+    optuna = pytest.importorskip("optuna")
     url, server_folder = auth_server
     env = credentials_env(url)
     tiny = [t for t in TINY if not t.startswith("logger=")]
-    trained = ok(litlab("litlab-train", LOGGERS, *DATA_FROM_A_SERVICE, *tiny, env=env))
-    (run,) = run_dirs(log_dir)
+    swept = ok(
+        litlab(
+            "litlab-train",
+            "-m",
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=1",
+            "logger=[csv,mlflow,tensorboard,wandb]",  # W&B offline: its run files are searched too
+            "experiment_name=swept",
+            *DATA_FROM_A_SERVICE,
+            *tiny,
+            env={**env, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+        )
+    )
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    run = sweep / "0"
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert list(run.glob("wandb/offline-run-*/run-*.wandb"))
+    assert {p.name for p in run.iterdir()} >= {".hydra", "csv", "tensorboard", "summary.json"}
+    assert (
+        list((run / "tensorboard").glob("events.out.tfevents.*")) and (run / "csv" / "metrics.csv").is_file()
+    )
     (checkpoint,) = log_dir.glob("storage/*/checkpoints/last.ckpt")
 
     # litlab-eval resolves the token again from its environment (the datamodule checks it got it) ...
@@ -143,25 +168,37 @@ def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluat
         "set it in this environment"
     )
 
-    assert {p.name for p in run.iterdir()} >= {".hydra", "csv", "tensorboard", "checkpoints", "summary.json"}
-    assert (
-        list((run / "tensorboard").glob("events.out.tfevents.*")) and (run / "csv" / "metrics.csv").is_file()
-    )
-    assert files_holding_a_secret(log_dir, server_folder) == []
-    assert outputs_holding_a_secret(trained, evaluated, refused) == []
-    assert "View run" in trained.stdout + trained.stderr  # MLflow's own lines: without the password
+    assert files_holding_a_secret(log_dir, server_folder) == []  # the study's SQLite file included
+    assert outputs_holding_a_secret(swept, evaluated, refused) == []
+    job_output = "".join(p.read_text() for p in run.glob("*.log"))
+    assert "View run" in swept.stdout + swept.stderr + job_output  # MLflow's own lines: without the password
 
-    # The run authenticated: its MLflow run is on the server, which refuses a request without the password.
+    # The trial authenticated: its MLflow run is on the server, which refuses a request without the password.
     with pytest.raises(urllib.error.HTTPError) as refused_request:
-        urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=default")
+        urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=swept")
     assert refused_request.value.code == 401
-    (logged,) = mlflow_runs(url, "default", monkeypatch)
-    assert logged.info.run_name == run.name and logged.info.status == "FINISHED"
+    (logged,) = mlflow_runs(url, "swept", monkeypatch)
+    assert logged.data.tags["sweep_job"] == "0" and logged.info.status == "FINISHED"
     params = logged.data.params
     assert params["logger/mlflow/tracking_uri"].startswith("${oc.env:MLFLOW_TRACKING_URI,")
     assert params["data/service_token"] == f"${{oc.env:{SERVICE_TOKEN_ENV}}}"
     assert params["data/service_header"] == f"Bearer-${{oc.env:{SERVICE_TOKEN_ENV}}}"
     assert "final/test/acc" in logged.data.metrics
+
+    # The study: no credential in its trials' parameters or attributes.
+    (database,) = log_dir.rglob("optuna/*.db")
+    storage = f"sqlite:///{database}"
+    (study_summary,) = optuna.study.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=study_summary.study_name, storage=storage)
+    assert len(study.trials) == 1
+    opened = optuna.storages.get_storage(storage)
+    study_id = opened.get_study_id_from_name(study_summary.study_name)
+    stored = json.dumps(
+        [study.user_attrs, opened.get_study_system_attrs(study_id)]
+        + [[t.params, t.user_attrs, t.system_attrs] for t in study.trials],
+        default=str,
+    )
+    assert not any(secret.decode() in stored for secret in SECRETS)
 
     # A checkpoint written before redaction (its config resolved, secrets and all) still evaluates.
     import torch
@@ -177,46 +214,3 @@ def test_a_run_writes_and_logs_no_credential_and_still_authenticates_and_evaluat
     older.parent.mkdir()
     torch.save(state, older)
     ok(litlab("litlab-eval", f"ckpt_path={older}", env=env))
-
-
-@pytest.mark.slow
-def test_a_search_writes_logs_and_stores_no_credential(log_dir, auth_server, monkeypatch):
-    """A sweep, and an Optuna study (its trials' parameters, user and system attributes): an
-    ``hparams_search=optuna`` multirun is both."""
-    pytest.importorskip("wandb")
-    optuna = pytest.importorskip("optuna")
-    url, server_folder = auth_server
-    tiny = [t for t in TINY if not t.startswith("logger=")]
-    swept = ok(
-        litlab(
-            "litlab-train",
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=1",  # one trial writes every kind of file a search writes
-            "logger=[csv,mlflow,tensorboard,wandb]",  # W&B offline: its run files are searched too
-            "experiment_name=swept",
-            *DATA_FROM_A_SERVICE,
-            *tiny,
-            env={**credentials_env(url), "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
-        )
-    )
-    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
-    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
-    assert list(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
-    assert files_holding_a_secret(log_dir, server_folder) == []  # the study's SQLite file included
-    assert outputs_holding_a_secret(swept) == []
-    runs = mlflow_runs(url, "swept", monkeypatch)
-    assert [r.data.tags["sweep_job"] for r in runs] == ["0"]
-    (database,) = log_dir.rglob("optuna/*.db")
-    storage = f"sqlite:///{database}"
-    (summary,) = optuna.study.get_all_study_summaries(storage)
-    study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    assert len(study.trials) == 1
-    opened = optuna.storages.get_storage(storage)
-    study_system_attrs = opened.get_study_system_attrs(opened.get_study_id_from_name(summary.study_name))
-    stored = json.dumps(
-        [study.user_attrs, study_system_attrs]
-        + [[t.params, t.user_attrs, t.system_attrs] for t in study.trials],
-        default=str,
-    )
-    assert not any(secret.decode() in stored for secret in SECRETS)

@@ -148,15 +148,17 @@ def test_grid_sweep_report_matches_the_runs_own_numbers(grid_sweep):
 @pytest.mark.slow
 def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_path):
     # Job 0 cannot split a global batch of 96 into accumulation 5; job 1 still runs (micro-batch 48).
+    # `-m` typed in the middle of the command, not first as Hydra wants it: still a multirun.
     result, sweep_dir = sweep(
         tmp_path,
-        "-m",
         "global_batch_size=96",
+        "-m",
         "trainer.accumulate_grad_batches=5,2",
         *SWEEP_TINY,
         expect_ok=False,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (sweep_dir.parents[1] / "runs").exists()  # no single run beside the sweep
     failed, completed = summaries(sweep_dir)
     assert failed["status"] == "failed"
     assert "global_batch_size=96" in failed["error"] and "5" in failed["error"]

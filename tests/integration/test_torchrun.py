@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import BIN, REPO, TINY, ok, ranks_that_joined, run_dirs, summary
+from tests.conftest import BIN, REPO, TINY, command_env, ok, ranks_that_joined, run_dirs, summary
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +22,12 @@ TIMEOUT_S = 300
 
 
 def _env(log_dir: Path, **extra: str) -> dict[str, str]:
-    # The scripts call `torchrun`, which must be litlab's (the venv's bin may not be on PATH).
-    return {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONUNBUFFERED": "1",
-        "LITLAB_LOG_DIR": str(log_dir),
-        **extra,
-    }
+    # The scripts call `torchrun`, which must be litlab's (the venv's bin may not be on PATH). The
+    # ranks torchrun starts (`python -m litlab.cli.train`) start warm (tests/warm_jobs/sitecustomize.py):
+    # each is still a process of torchrun's, whose stand-in exits as the rank does.
+    return command_env(
+        {"PATH": f"{BIN}:{os.environ['PATH']}", "LITLAB_LOG_DIR": str(log_dir), **extra}, warm_jobs=True
+    )
 
 
 def _free_port() -> int:

@@ -49,8 +49,19 @@ def test_global_batch_size_derives_the_micro_batch(log_dir):
 
 
 @pytest.mark.slow
-def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
-    ok(litlab("litlab-train", "trainer.devices=2", "strategy=ddp", *TINY[:-1], "logger=tensorboard"))
+def test_ddp_with_two_ranks_writes_one_run_directory_and_trains_compiled(log_dir):
+    # One run checks both: what two ranks write, and compile=true under DDP, where Lightning calls the
+    # steps through the module's forward (its forward redirection): compiling the module's call, or
+    # the steps, traces the metrics' code in them.
+    args = [
+        "compile=true",
+        "model=mlp",
+        "trainer.devices=2",
+        "strategy=ddp",
+        *TINY[:-1],
+        "logger=tensorboard",
+    ]
+    ok(litlab("litlab-train", *args))
     runs = run_dirs(log_dir)
     assert len(runs) == 1, runs
     (run,) = runs
@@ -61,21 +72,16 @@ def test_ddp_with_two_ranks_writes_one_run_directory(log_dir):
     assert len({e.name.split(".")[4] for e in events}) == 1  # events.out.tfevents.<time>.<host>.<pid>.<n>
     assert len(list(log_dir.glob("**/summary.json"))) == 2  # the run dir's and its storage copy
     result = summary(run)
-    assert (result["world_size"], result["devices"], result["strategy"]) == (2, 2, "ddp")
+    assert (result["status"], result["world_size"], result["devices"], result["strategy"]) == (
+        "completed",
+        2,
+        2,
+        "ddp",
+    )
+    assert result["global_step"] == 4 and "test/acc" in result["metrics"]
     assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
     train_log = (run / "train.log").read_text()
     assert "[rank 0]" in train_log and "[rank 1]" in train_log
-
-
-@pytest.mark.slow
-def test_compile_true_trains_with_two_ddp_ranks(log_dir):
-    # Under DDP, Lightning calls the steps through the module's forward (its forward redirection):
-    # compiling the module's call, or the steps, traces the metrics' code in them.
-    ok(litlab("litlab-train", "compile=true", "model=mlp", "trainer.devices=2", "strategy=ddp", *TINY))
-    (run,) = run_dirs(log_dir)
-    result = summary(run)
-    assert (result["status"], result["world_size"], result["global_step"]) == ("completed", 2, 4)
-    assert "test/acc" in result["metrics"]
 
 
 def epoch_metrics(run: Path) -> dict[str, float]:

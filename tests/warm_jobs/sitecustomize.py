@@ -6,9 +6,11 @@ Lightning again. Every other process runs cold, untouched."""
 import os
 import sys
 
+# torchrun starts its workers as `python -u -m MODULE ...`
+_argv = sys.orig_argv[2:] if sys.orig_argv[1:2] == ["-u"] else sys.orig_argv[1:]
 if os.environ.get("LITLAB_TEST_WARM_JOBS") and (
-    sys.orig_argv[1:3] in (["-m", "litlab.cli.train"], ["-m", "litlab.cli.eval"])
-    or os.path.basename(sys.orig_argv[1] if len(sys.orig_argv) > 1 else "") in ("litlab-train", "litlab-eval")
+    _argv[:2] in (["-m", "litlab.cli.train"], ["-m", "litlab.cli.eval"])
+    or os.path.basename(_argv[0] if _argv else "") in ("litlab-train", "litlab-eval")
 ):
     import importlib.util
 
