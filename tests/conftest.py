@@ -41,11 +41,14 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with slow tests (several processes each) first. pytest-xdist hands whole files to its
+    """Files with slow tests (several processes each) first, then the other integration files (a
+    process or a server each), then the in-process unit tests. pytest-xdist hands whole files to its
     workers in this order (make test: --dist loadfile --no-loadscope-reorder), so the quick files fill
     the end of the run on every worker, instead of one slow file running last while the others idle."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each part stays
+    unit = Path(__file__).parent / "unit"
+    # Stable: the order within each part stays.
+    items.sort(key=lambda item: (item.path not in slow_files, item.path.is_relative_to(unit)))
 
 
 # Tiny settings: a few batches of the digits, so a Lightning process costs its imports and little more.
