@@ -1,16 +1,9 @@
-"""The callbacks litlab builds, run by Lightning as one: what its hook dispatch costs, paid once.
+"""The callbacks litlab builds, run by Lightning as one: its per-hook hand-over paid once.
 
-Lightning hands every hook to every callback, whether the callback defines that hook or not, each
-time through a profiler context and the callback's state key: 108 Python calls per callback per
-training step (60 with ``NoProfiler``), more than most callbacks' own work. A litlab run has about
-twenty callbacks; on a small CNN their hand-overs alone were a large share of the step
-(``python -m benchmarks.overhead``, docs/performance.md). ``CombinedCallbacks`` is one callback that
-hands each hook to the parts that define it, in their order.
-
-What is combined (``combinable``): the callbacks of litlab's and Lightning's own classes, except the
-kinds Lightning looks for by type (checkpoints, a progress bar, early stopping, the tuners) and the
-ones that must run after yours (``after_your_callbacks``). Your own callbacks stay separate, as you
-added them.
+Lightning hands every hook to every callback; ``CombinedCallbacks`` hands each hook only to the parts
+that define it, in their order (the cost it saves: docs/performance.md). ``combinable`` says which are
+combined: litlab's and Lightning's own callbacks, except the kinds Lightning looks for by type
+(``LOOKED_FOR_BY_TYPE``) and those that must run after yours. Your own callbacks stay separate.
 """
 
 from __future__ import annotations

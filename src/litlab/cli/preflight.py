@@ -1,20 +1,14 @@
 """Check a command line's config before Hydra starts the run: no run directory until it is right.
 
-Hydra creates the run directory before the task function runs, and reports composition errors as
-several lines ending in a hint. ``check_or_exit`` composes the same config first and turns any
-problem into one sentence on stderr, naming the bad key or value and what is allowed, then exits 2:
+``check_or_exit`` composes the config as Hydra will and turns any problem into one ``litlab: error:``
+line naming the bad key or value and what is allowed, then exits 2. It checks, in order:
 
-1. composition and the schema of litlab's own settings (unknown keys, wrong types, unknown
-   options), every ``_target_`` node's keys against its target's signature (``trainer``'s against
-   lightning.Trainer), then the rules types cannot express; none of this imports torch, so a typo
-   fails in well under a second;
-2. the storage root (writable, reachable), an explicit ``resume=PATH``, and that no other process
-   holds the run's lock (``litlab.storage.lock``);
-3. your datamodule's constructor and the optimizer partial, built once on the side with the
-   config's values (this imports torch and Lightning, which the run needs anyway): a value they
-   reject (a folder that does not exist, a negative learning rate) fails here, not in the run.
+1. composition, the schema, every ``_target_`` node against its target's signature and
+   ``litlab.config.rules`` (no torch import);
+2. the storage root, an explicit ``resume=PATH``, and the run's lock (``litlab.storage.lock``);
+3. your datamodule and optimizer partial, built once on the side (``build_on_the_side``).
 
-Sweeps given with ``-m`` or comma lists are left to Hydra: each job checks itself when it starts.
+Sweeps (``-m``, comma lists) are left to Hydra: each job checks itself when it starts.
 """
 
 from __future__ import annotations

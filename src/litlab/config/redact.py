@@ -1,22 +1,10 @@
-"""Credentials stay in the environment: the copy of a config that litlab writes, stores or logs.
+"""Credentials stay in the environment: ``redact(cfg)`` is the copy of a config that litlab writes or logs.
 
-A run resolves its config as usual and uses the real values. Every config that leaves the process
-(the stored ``config.yaml``, the config every checkpoint carries, the loggers' parameters, the module's
-hyperparameters) is ``redact(cfg)`` instead, in which:
-
-- a value that came from the environment through ``oc.env`` (directly, or through another key that
-  did: ``${paths.log_dir}/storage`` when ``paths.log_dir`` is ``${oc.env:...}``) appears as its
-  interpolation text, e.g. ``${oc.env:MLFLOW_TRACKING_URI}``; ``litlab-eval`` resolves it again from
-  its own environment;
-- the user-info part of any URL (``http://alice:pw@host``) is ``***`` (``http://***@host``);
-- the value of a key that names a credential is ``***``, in any group: a key containing ``password``,
-  ``passwd``, ``secret``, ``credential``, ``api_key``/``apikey``, ``access_key``/``accesskey``, or a
-  word ending in ``token`` (``token``, ``hf_token``, ``authtoken``; not ``max_tokens`` or
-  ``tokenizer``), in any case, camelCase or with ``-``. A credential key set to exactly
-  ``${oc.env:NAME}`` keeps that text: it holds no secret, and evaluation can resolve it again.
-
-Command-line overrides (summary.json's ``overrides``, a sweep job's command) are text, not values:
-``redact_overrides`` applies the last two rules to them.
+A run uses the real values; the stored config.yaml, the config in every checkpoint, the loggers'
+parameters and the hyperparameters are redacted: a value read through ``oc.env`` appears as its
+interpolation (``litlab-eval`` resolves it again), and a URL's user-info and any key that names a
+credential (``is_credential_key``) as ``***``. ``redact_overrides`` does the same to command-line
+overrides. The rules: docs/loggers.md.
 """
 
 from __future__ import annotations

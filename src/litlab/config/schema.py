@@ -1,16 +1,9 @@
-"""Types of litlab's own settings: what Hydra merges configs/train.yaml and eval.yaml into.
+"""Types of litlab's own settings, registered in Hydra's ConfigStore: checked while the config is composed.
 
-Registered in Hydra's ConfigStore, so an unknown key (``oom.retries=3``) or a wrong type
-(``seed=abc``) of litlab's own settings fails while the config is composed. Only settings that no
-library's signature describes have a type here: the top-level keys, precision, storage, oom, tune
-and paths (no ``_target_``: litlab reads them itself). Every node with a ``_target_``, the engine's
-included, is checked against its target's signature instead (``litlab.config.signatures``), and so
-is ``trainer`` against ``lightning.Trainer``: this module copies no library's arguments. The values
-live in the YAML files only: every field here is MISSING (one place for each default). Rules that
-types cannot express are in ``litlab.config.rules``. Nothing here imports torch or Lightning.
-
-Options with fields of their own get their own schema, stored under ``schema/<group>/<option>``
-and named first in the option's defaults list (``- /schema/storage/s3@_here_``).
+Only settings with no ``_target_`` have a type here (the top-level keys, precision, storage, oom, tune,
+paths); every ``_target_`` node, ``trainer`` included, is checked against its target's signature
+(``litlab.config.signatures``), and rules types cannot express are in ``litlab.config.rules``. Every
+field is MISSING: the values live in the YAML files. Nothing here imports torch.
 """
 
 from __future__ import annotations

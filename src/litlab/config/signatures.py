@@ -1,20 +1,10 @@
 """Keys of every ``_target_`` node checked against its target's signature, before anything runs.
 
-Your groups (model, data, optimizer, scheduler) and the engine's (strategy, callbacks, logger) have
-no schema: a key is right when the class or function its node's ``_target_`` names accepts it, and
-``trainer`` is checked the same way against ``lightning.Trainer`` (``IMPLIED_TARGETS``), as
-LightningCLI does. So any argument of your code or of Lightning works without schema code, and a
-typo (``model.net.hiden=3``) fails with one line naming the key, the file it is in and the keys
-that are accepted. A value whose annotation is plain (int, float, bool, str, list, dict, None and
-their unions) is checked against it too (``trainer.max_epochs=abc``).
-
-The signature is read from the target's source with ``ast``, without importing it: a typo then fails
-in well under a second, with no torch or Lightning import (following ``from x import y``
-re-exports, base classes and ``functools.partial``-style ``_partial_`` nodes). Where the source
-cannot be read that way (a compiled module, an assignment, a decorator that changes the signature)
-the target is imported and inspected instead, which costs that module's import. A target that
-accepts ``**kwargs`` accepts any key, so its node is not checked, unless ``KEYWORDS_PASSED_ON``
-names the callable its keywords go to (Lightning's DDP and FSDP strategies pass them to torch).
+As LightningCLI does, for your groups and the engine's, and for ``trainer`` against
+``lightning.Trainer`` (``IMPLIED_TARGETS``): a typo fails in one line naming the key, its file and the
+accepted keys, and a value is checked against a plain annotation. The signature is read from the
+target's source with ``ast``, without importing torch, and imported only where the source cannot tell.
+A ``**kwargs`` target accepts any key unless ``KEYWORDS_PASSED_ON`` names where its keywords go.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """``ResumableDataLoader``: a DataLoader over any map-style Dataset whose resume is exact.
 
-Built on torchdata's ``StatefulDataLoader`` (its position, with worker processes too, is saved in
-every checkpoint and restored by Lightning). On its own that is not exact at every point Lightning
-can resume from, so this class also makes sure that:
-
-- the shuffled order depends only on (seed, epoch) (a ``DistributedSampler``, sharded across ranks
-  when a process group exists, as ``TensorBatches`` is, so Lightning leaves it in place under DDP);
-- a position saved in an earlier epoch is dropped when the run resumes into a later one (a
-  checkpoint after an epoch's last batch, during its validation, with ``limit_train_batches``);
-- the iterator is made at the first batch, after Lightning has told the sampler the epoch (it
-  calls ``iter()`` before ``set_epoch`` when it resumes);
-- each sample's random numbers (augmentation, in the main process or in workers) come from
-  (seed, epoch, index): workers restored mid-epoch draw exactly what the uninterrupted run drew.
-
-Use it for the training split in your datamodule's ``train_dataloader``::
+Built on torchdata's ``StatefulDataLoader``, whose position (workers included) Lightning saves in
+every checkpoint; this class also shards across ranks by itself and makes the order and each sample's
+random numbers depend only on (seed, epoch, index) (docs/storage.md, "Resuming is exact"). Use it for
+the training split in your datamodule's ``train_dataloader``::
 
     return ResumableDataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, seed=self.seed,
                                num_workers=4, persistent_workers=True)

@@ -1,23 +1,10 @@
 """Sweep jobs: each is a fresh single-run process, and a failing job becomes a failed row of the report.
 
-One job, one process. Every multirun job runs as the single-run command of its overrides,
-``python -m litlab.cli.train <the job's overrides> hydra.run.dir=<job dir> hydra.mode=RUN``
-(``child_command``): exactly what a user could paste to reproduce it, and the job folder records it
-(``command.sh``). Its result is the result of the same overrides run alone, whatever ran before,
-since nothing ran before it in its process. The default launcher (``litlab.launch.pool``) starts
-these processes itself, several at once on a pool of devices. Under any other launcher (submitit,
-Slurm, joblib), Hydra calls the task function once per job (per rank, when the cluster starts the
-ranks), and ``run_sweep_job`` runs the same command as a child of that process, with its
-environment: the cluster's rank variables reach the child, which is then that rank.
-
-Multirun x DDP. Lightning's subprocess launcher starts ranks 1..N-1 by re-running ``sys.argv``. A
-sweep's ``sys.argv`` holds ``-m`` and the sweep; a job's single-run command does not, so the job's
-ranks are started exactly as a plain single run's are, depending on no Lightning internals. A
-crash, a segfault or an out-of-memory kill of a job cannot take the sweep down.
-
-Failure isolation. A job records its failure (summary.json with ``status: failed`` and the error)
-and the sweep goes on; the report callback (``litlab.report.callback.SweepReport``) then makes the
-multirun exit non-zero.
+``child_command`` is a job's single-run command (``python -m litlab.cli.train <overrides>
+hydra.run.dir=<job dir> hydra.mode=RUN``), recorded in the job folder as ``command.sh``. The default
+launcher (``litlab.launch.pool``) starts it itself; under any other launcher ``run_sweep_job`` runs it
+as a child of Hydra's task process, which passes on the cluster's rank variables. A failed job writes
+summary.json ``status: failed`` (``record_failure``) and the sweep goes on (docs/sweeps.md).
 """
 
 from __future__ import annotations

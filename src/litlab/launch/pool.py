@@ -1,38 +1,10 @@
 """The default launcher (``hydra/launcher=local``): a work queue of sweep jobs over a pool of devices.
 
-Every job is a fresh single-run child process, the command a user could paste to reproduce it
-(``litlab.launch.multirun.child_command``), started in its job folder ``<sweep dir>/<job num>/``
-with ``command.sh`` (that command) and ``output.log`` (its stdout and stderr).
-
-The pool (``hydra.launcher.devices``):
-
-- null: every GPU the sweep sees (the entries of ``CUDA_VISIBLE_DEVICES``, or all), one slot on a
-  machine without GPUs;
-- an int N: the first N devices the sweep sees (ids 0..N-1 without ``CUDA_VISIBLE_DEVICES``);
-- a list: those ids, as ``CUDA_VISIBLE_DEVICES`` names them.
-
-On a machine without GPUs the ids are slot names and the scheduling is the same. Each id takes
-``hydra.launcher.jobs_per_device`` jobs at once (default 1). A job needs ``trainer.devices`` ids
-(one slot on each); its process sees only those through ``CUDA_VISIBLE_DEVICES`` (GPU pools), and
-gets its share of the CPU cores, as affinity (inherited by its DDP ranks) and ``OMP_NUM_THREADS``.
-
-Order: the queued job that needs the most devices starts first (ties: sweep order); when it does not
-fit the free devices, a smaller one that fits starts instead (backfill). So a job starts as soon as
-enough devices are free, no device idles while a queued job fits, and the big jobs go first, while
-the whole pool is still free. A job that needs more devices than the pool has, or more than one
-node, is a failed row (summary.json ``status: failed``, one line) and never starts.
-
-A job whose run identity already completed with the user's code as it is now (its storage folder holds
-a completed summary.json, local storage; ``litlab.storage.resume.completed_summary``, as the job's own
-process would decide) is not started again: its folder gets that summary, with ``sweep.skipped: true``.
-
-Ctrl-C or SIGTERM to the sweep: no new job starts, every running job (its whole process group: DDP
-ranks too) gets SIGTERM and writes ``preempted.ckpt``, and the sweep exits 143 (as a single run
-stopped by SIGTERM does: preempted, the same command resumes). The same command again skips the
-completed jobs and resumes the others from their checkpoints. A sweep killed outright (SIGKILL)
-takes its jobs with it: each job process gets SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``), once
-per thread of the sweep as its threads end one by one, spread out under load: a job takes a SIGTERM
-that comes again while it stops (``litlab.run.failures.StopTogetherOnSigterm``).
+Each job is a fresh process running ``litlab.launch.multirun.child_command`` in ``<sweep dir>/<job
+num>/``, on ``trainer.devices`` ids of the pool (``hydra.launcher.devices``, ``jobs_per_device``) with
+its share of the CPU cores. The job needing most devices starts first, smaller ones backfill; a job
+whose run already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143). The rules:
+docs/sweeps.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Who started this process's ranks, and the one run directory they all share.
 
-litlab's code is the same on a laptop and on 8 nodes x 8 GPUs; what changes is who starts the ranks:
-Lightning's own subprocess launcher, torchrun (TorchElastic), Slurm (``srun``, or Hydra's submitit
-launcher) or submitit's local executor. Lightning detects TorchElastic and Slurm by itself and then
-launches nothing. This module covers what it does not:
-
-- every rank runs Hydra, and each would resolve ``hydra.run.dir`` itself (a timestamp, a random
-  suffix, any ``${now:...}`` of the user's pattern): under torchrun ``with_agreed_run_dir`` hands
-  every rank the directory global rank 0 resolved, before Hydra starts; in a Slurm step the
-  ``litlab_run_stamp`` resolver derives one from the job and step ids (``litlab.config.resolvers``,
-  which also sizes Slurm jobs and has only global rank 0 write ``.hydra/``);
-- submitit's local executor starts the tasks but sets only ``SUBMITIT_LOCAL_*`` variables:
-  ``adopt_submitit_local_ranks`` exports the ``env://`` variables Lightning reads, so those tasks
-  become ranks exactly as Slurm's do.
-
-Nothing here imports torch at module level: the command line calls in before training starts.
+Lightning detects torchrun and Slurm by itself; this covers what it does not. ``with_agreed_run_dir``
+gives every torchrun rank the ``hydra.run.dir`` that global rank 0 resolved (in a Slurm step the
+``litlab_run_stamp`` resolver of ``litlab.config.resolvers`` derives it from the job), and
+``adopt_submitit_local_ranks`` exports the ``env://`` variables Lightning reads for the tasks of
+submitit's local executor. Nothing here imports torch at module level.
 """
 
 from __future__ import annotations

@@ -1,43 +1,11 @@
 """litlab's Optuna search: a Hydra sweeper on Optuna's ask-and-tell API (``hparams_search=optuna``).
 
-Registered as ``hydra/sweeper=optuna`` (configs/hydra/sweeper/optuna.yaml) through
-``hydra_plugins.litlab_search``: Hydra instantiates sweepers that live under ``hydra_plugins`` only.
-Optuna is imported when a search starts, never when Hydra scans its plugins (every litlab process).
-
-What it guarantees, and how:
-
-- **Asynchronous.** With a launcher that has ``run_queue`` (litlab's device pool), a trial is asked
-  for whenever the pool has a free slot and told as soon as its job ends; no batch barrier. Other
-  launchers get batches of ``n_jobs`` trials through Hydra's ``launch``.
-- **Stored and resumable.** The study lives in an Optuna RDB storage: ``storage`` (any Optuna URL), or
-  by default the SQLite file ``<storage.root>/optuna/<study>.db`` (SQLite, not Optuna's JournalStorage:
-  the journal has no heartbeats). The study's name comes from the command (``study_name_of``), so the
-  same command continues the study: finished trials are kept and count toward ``n_trials``.
-- **Dead sweeps.** The sweep records a heartbeat for each of its running trials every
-  ``heartbeat_interval`` seconds. A trial whose heartbeat stopped (its sweep was killed, its machine
-  died) is failed by the next worker that looks (``optuna.storages.fail_stale_trials``) and retried as a
-  new trial with the same parameters (``RetryHeartbeatStaleTrialCallback``): the same overrides are the
-  same run identity, so the retry resumes from the dead trial's checkpoints. A trial interrupted by
-  SIGTERM (summary.json ``status: interrupted``) is retried the same way.
-- **Budget.** ``n_trials`` counts the trials that are spent: completed, pruned, and failed ones that
-  are not retried (a bad sample, a NaN, an out-of-memory: Optuna's own ``optimize(n_trials=...)``
-  counts failures too, and retrying them would fail again). Failed trials that were retried are counted
-  through their retry. A worker asks for a trial only while spent + running < ``n_trials``; two workers
-  that ask at the same moment keep the lower trial number and the other gives its trial back
-  (``litlab_unused``), so the study never runs more than ``n_trials``.
-- **Many machines.** With ``storage=postgresql://...`` the same command on several machines is one
-  study: each asks and tells on its own and feeds its own pool. ``postgresql://`` means psycopg 3
-  (``postgresql+psycopg://``); a password belongs in ``PGPASSWORD`` or ``~/.pgpass``, not in the URL.
-- **Pruning.** Each trial's process gets ``LITLAB_OPTUNA_TRIAL`` (JSON: storage, study, trial number,
-  pruner); ``litlab.callbacks.pruning`` reports ``optimized_metric`` after every validation and stops a
-  trial its pruner prunes (summary.json ``status: pruned``); the sweep then tells it PRUNED.
-- **Job folders.** A trial is a job of this sweep, ``<sweep dir>/<job number>/``, numbered by the sweep
-  (each run of the command has a sweep folder of its own, so numbers never collide); the study links
-  each trial to its folder (user attribute ``job_dir``), and the sweep's log says ``trial 7 (job 2)``.
-- **Secrets.** The study stores the sampled parameters, the trial's job folder and host, nothing else:
-  no overrides, no resolved config values.
-- **The best trial** is ``<sweep dir>/best_trial.yaml``: parameters, value, and the command that
-  trains it alone.
+``OptunaSearch`` is registered as ``hydra/sweeper=optuna`` through ``hydra_plugins.litlab_search`` and
+imports Optuna only when a search starts. A trial is asked for whenever the pool has a free slot; the
+study lives in Optuna RDB storage, named by the command (``study_name_of``), so the same command
+continues it, on one machine or many; a trial whose heartbeat stopped is retried with its parameters,
+and no more than ``n_trials`` are spent. The best trial is written to ``<sweep dir>/best_trial.yaml``.
+What it guarantees and how: docs/sweeps.md.
 """
 
 from __future__ import annotations

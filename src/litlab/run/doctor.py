@@ -1,18 +1,9 @@
-"""The run doctor: what a run's own numbers show, with the usual cures.
+"""The run doctor: what a run's own numbers in summary.json show, with the usual cures.
 
-It reads only what summary.json records, so it works for any task and on any machine: the
-per-epoch ``history`` (``litlab.callbacks.history``), the non-finite steps skipped, the measured
-``input_wait`` (``litlab.callbacks.input_wait``) and peak CUDA memory against the device's. Each
-finding is one WARNING line at the end of the run, an entry of ``diagnosis`` in summary.json, and a
-line in the sweep report. The direction of the monitored metric is ``optimized_metric_mode``.
-
-- overfitting: the monitored metric worse than its best for the last ``PATIENCE`` epochs, while
-  the training loss kept falling;
-- underfitting: the training loss still near where it started, and both it and the metric flat;
-- instability: loss spikes (a step above twice the median of the 20 before it that gives back half
-  of the run's progress) or non-finite steps skipped;
-- input-bound: waiting for the next batch took ``INPUT_BOUND_SHARE`` or more of the training time;
-- small micro-batch: on CUDA, the peak allocated memory a small share of the device's.
+``diagnose`` reads the per-epoch ``history``, the non-finite steps skipped, the input wait and peak
+CUDA memory, so it works for any task on any machine. Each finding (overfitting, underfitting,
+instability, input-bound, small micro-batch) is a WARNING at the end of the run, an entry of
+``diagnosis`` in summary.json and a line of the sweep report. The thresholds: docs/troubleshooting.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
-"""When one rank of a multi-rank run fails, every rank stops soon and says which rank and why.
+"""When one rank of a multi-rank run fails, every rank stops soon and says which rank and why, in one line.
 
-A rank that raises (a bug, out of memory, a full disk) records why in the store the ranks already
-share (the one ``torch.distributed`` rendezvoused through: rank 0's under Lightning and Slurm, the
-agent's under torchrun), then closes its process group. The others are usually waiting in a
-collective with it; gloo fails that collective as soon as the connection closes (not after the
-30-minute collective timeout), and they read the record. A rank that dies without a word (SIGKILL,
-the kernel's OOM killer) is named by the ranks on its machine: Lightning's launching process sees its
-children's exit status, and every rank knows the host and pid of every other (registered at setup).
-So every rank ends in the same one line, ``litlab: error: rank 1 was killed by SIGKILL at global
-step 5; ...``, and Lightning's launching process prints its line after its children are gone, so it
-is the last line of the terminal.
-
-A watchdog thread covers a rank that is in no collective when a peer on its machine dies (a long
-validation, NCCL, which does not notice closed connections): ``GRACE_S`` after the death it prints
-the line and ends the process. It replaces Lightning's child-process observer, which SIGKILLs the
-launching process 0-5 s after a child exits non-zero, in the middle of whatever it is writing.
-
-SIGTERM (a spot VM, Slurm) reaches any subset of the ranks. ``StopTogetherOnSigterm`` only notes it;
-after every training batch the ranks agree (one all-reduce) and stop at the same batch boundary,
-where ``PreemptionCheckpoint`` writes ``preempted.ckpt``. Lightning's own handler broadcasts from
-inside the signal handler, which pairs with whatever collective the other ranks are in. A SIGTERM
-may come more than once (a sweep job's ``PR_SET_PDEATHSIG`` fires once per thread of the dying
-sweep): one that comes while the run stops is noted, and the stop goes on to summary.json.
-
-A rank that is alive but stuck, and a SIGTERM whose ranks cannot reach that boundary in time, are
-``litlab.run.hangs``'s.
-
-``oom=auto_shrink`` retries a smaller micro-batch only when every rank ran out of memory in the same
-step (``every_rank_out_of_memory``); otherwise every rank fails.
+A rank that raises records why in the ranks' store and closes its process group, so peers in a
+collective fail at once and read it; a rank that dies without a word is named by the ranks on its
+machine (``WatchTheRanks``, with a watchdog after ``GRACE_S``). ``StopTogetherOnSigterm`` stops every
+rank at the same batch after a SIGTERM; ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s
+retry. Hangs are ``litlab.run.hangs``'s. The behaviour: docs/launch.md, "When a rank fails".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""What litlab adds to Lightning's loggers (configs/logger/): sweep grouping, the final metrics, and
-one line for a logger whose package is not installed.
+"""What litlab adds to Lightning's loggers (configs/logger/): sweep grouping, final metrics, clear errors.
 
-- **Grouping.** A sweep job's MLflow run is tagged ``sweep`` (the sweep directory's name) and
-  ``sweep_job``, and its W&B run gets the sweep's name as ``group``; both are named
-  ``<sweep>/<job>`` (a single run: its run directory's name) unless the config names them.
-- **Final metrics.** After the test, every logger gets the summary's metrics as ``final/<name>``
-  (W&B's run summary too): TensorBoard in its HParams tab, with the group choices as parameters.
-- The run's resolved config is logged as parameters when fitting starts
-  (``litlab.callbacks.logger_runs.LoggerRuns``), redacted (``litlab.config.redact``).
-- **Credentials.** MLflow gets its tracking URI without user-info; a ``user:password@`` in it goes to
-  ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` in this process's environment, where
-  MLflow's client reads them for every request, so its "View run at" lines carry no password.
+A sweep job's MLflow run is tagged with its sweep and its W&B run grouped by it; after the test every
+logger gets the summary's metrics as ``final/<name>``; MLflow's tracking URI loses its user-info to
+``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; a logger whose package is missing is one
+line. Details: docs/loggers.md.
 """
 
 from __future__ import annotations

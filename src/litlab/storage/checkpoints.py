@@ -1,19 +1,9 @@
 """Checkpoint policy: Lightning's ModelCheckpoint, arranged so that a run can always be resumed.
 
-``run_checkpoints`` turns the options of ``configs/callbacks/checkpoint.yaml`` into Lightning callbacks:
-
-- the best ``save_top_k`` checkpoints by ``monitor``, every ``every_n_epochs`` epochs;
-- ``last.ckpt``, the resume point, at every epoch end *and* every ``every_n_train_steps`` steps. It is
-  kept by its own ModelCheckpoint (no monitor) because Lightning writes ``save_last`` only when a
-  top-k file was written at that step, so with a metric that stopped improving last.ckpt went stale,
-  and because a top-k callback deletes its older files, which resume needs as a fallback;
-- ``preempted.ckpt``, written when the process receives SIGTERM (cloud or Slurm preemption);
-- TensorBoard flushed with every checkpoint, its files copied to storage with ``copy_logs``.
-
-``AtomicCheckpointIO`` makes every write all-or-nothing: locally a temporary file in the same folder,
-then a rename; on object stores one upload that is aborted when it fails. A kill or a full disk mid-write
-never leaves a truncated checkpoint under a real name, and a failed write is ``StorageFailed``: one
-line naming the storage, the file and the cause.
+``run_checkpoints`` turns configs/callbacks/checkpoint.yaml into callbacks: the best ``save_top_k``,
+``last.ckpt`` from a ModelCheckpoint of its own (Lightning's ``save_last`` goes stale once the metric
+stops improving), and preempted.ckpt on SIGTERM (``PreemptionCheckpoint``). ``AtomicCheckpointIO``
+makes every write all-or-nothing; a failed write is ``StorageFailed``, one line. docs/storage.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """One process at a time trains a run identity: a lock in the storage root, ``<root>/<identity>.lock``.
 
-Two copies of one command (a job array that runs the same overrides twice, a second terminal) would
-write the same checkpoints, interleaved. The first to start holds the lock, a small JSON file naming
-it (host, pid, start time) that it rewrites every ``HEARTBEAT_S`` seconds; the second refuses in one
-line naming the holder, before training (and, from the preflight, before torch loads).
-
-A lock left behind by a process that was killed is taken over when:
-
-- its holder ran on this machine and its process is gone (a kill, then the same command: at once);
-- it was written by an earlier start of the same Slurm job (requeued, on any node: at once);
-- its heartbeat is older than ``STALE_AFTER_S`` seconds (a machine that died: 2 minutes later).
-
-The lock is created exclusively (``O_EXCL`` locally, a conditional PUT on S3) so two starts at the
-same moment cannot both win. Only global rank 0 takes it; the process releases it when the run ends.
+``RunLock`` creates the lock exclusively (``O_EXCL``, a conditional PUT on S3), names its holder and
+rewrites it every ``HEARTBEAT_S`` seconds; a second start refuses in one line naming the holder. A lock
+left by a killed process is taken over when its process is gone, when an earlier start of the same
+Slurm job wrote it, or after ``STALE_AFTER_S``. Only global rank 0 takes it (docs/storage.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Where a run's checkpoints, config copy and summary persist: ``<storage.root>/<run identity>/``.
 
-Roots are fsspec URLs (a local path, a mounted drive, ``s3://bucket/prefix``, ``gs://bucket/prefix``),
-so every backend goes through one code path. The run directory keeps the logs; for a local root it
-links ``checkpoints/`` to the storage folder, for a remote one it holds a ``checkpoints.url`` pointer.
-
-Credentials are never part of the config: s3fs and gcsfs read them from the environment or the
-provider's credential chain. Nothing here imports torch at module level, so ``check_storage`` runs
-in the preflight, before torch loads and before any run directory exists.
-
-Storage that fails during a run (a full disk, an endpoint that stops answering) raises
-``StorageFailed``: one line naming the URL, what was being written and the cause. S3 requests are
-retried a bounded number of times (``s3_client_config``); after a failure, writes to the same root
-are skipped, so that recording the failure does not wait for the dead storage again.
+Roots are fsspec URLs (a local path, ``s3://``, ``gs://``), one code path for every backend;
+credentials come from the environment, never the config. ``check_storage`` runs in the preflight,
+before torch loads. Storage that fails during a run raises ``StorageFailed``, one line naming the URL,
+what was written and the cause; S3 requests are retried a bounded number of times
+(``s3_client_config``).
 """
 
 from __future__ import annotations
