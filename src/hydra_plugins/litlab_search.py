@@ -1,10 +1,8 @@
-"""Registers litlab's Optuna search as a Hydra sweeper (``hydra/sweeper=optuna``,
-configs/hydra/sweeper/optuna.yaml).
+"""Registers litlab's Optuna search as a Hydra sweeper (``hydra/sweeper=optuna``); its code is
+``litlab.launch.search``.
 
-Hydra instantiates a sweeper only when its ``_target_`` lies under the ``hydra_plugins`` package and
-was found by its plugin scan (hydra/core/plugins.py), so the class is declared here, in a module of
-that namespace package; its code is ``litlab.launch.search``, which imports Optuna only when a search
-starts (Hydra imports this module in every litlab process).
+Hydra instantiates a sweeper only when its ``_target_`` lies under the ``hydra_plugins`` package, and
+imports this module in every litlab process, so Optuna is imported only when a search starts.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """When Python's cyclic garbage collector may walk the objects torch and Lightning create on import.
 
-Importing them leaves hundreds of thousands of long-lived objects. A full collection walks all of
-them: a pause every few hundred steps of a small model, and a long one at interpreter shutdown
-(docs/performance.md, "Why the engine does it this way"). Frozen objects are skipped. Nothing here
-imports torch.
+They are many and long-lived, and a full collection walks all of them, during training and at
+shutdown (docs/performance.md): they are frozen instead. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Where this rank is in its run, for the hang detector (``litlab.run.hangs``): its heartbeat.
+"""Where this rank is in its run (``HEARTBEAT``), for the hang detector (``litlab.run.hangs``).
 
-The training loop's hooks and the checkpoint writer call ``beat`` and ``wrote``; they only set
-attributes (no I/O, no lock), so they cost next to nothing in every step. The detector's thread
-reads them. ``beats`` counts the loop's hooks: ranks run the same hooks in the same order, so the
-rank with the fewest beats is the one the others wait for.
+The loop's hooks and the checkpoint writer only set attributes (no I/O, no lock), and the detector's
+thread reads them; ranks run the same hooks in order, so the rank with the fewest beats is the one the
+others wait for.
 """
 
 from __future__ import annotations

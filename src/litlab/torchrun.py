@@ -1,9 +1,6 @@
-"""What the ranks of one torchrun group share: the store torchrun's agent serves.
-
-The agent's store outlives worker restarts (``--max-restarts``): the ranks of one start agree
-through it on what none may decide alone (``agreed_with_rank_zero``), and a restarted group joins
-its process group in keys of its own (``join_restarted_torchrun_group``). torch is imported only
-when a store is used.
+"""What the ranks of one torchrun group share: the store torchrun's agent serves, which outlives worker
+restarts (``agreed_with_rank_zero``, ``join_restarted_torchrun_group``). torch is imported only when a
+store is used.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Learning-rate schedules built from torch's own schedulers, with an optional linear warm-up.
+"""Learning-rate schedules from torch's own schedulers, with an optional linear warm-up.
 
-configs/scheduler/*.yaml are partials of these: each takes the optimizer and the run's total number
-of optimizer steps (``trainer.estimated_stepping_batches``) and returns a scheduler, Lightning's
-``lr_scheduler`` dict, or None for a constant learning rate. ``optimizers`` builds what the example
-modules' ``configure_optimizers`` return from their optimizer and scheduler configs.
+configs/scheduler/*.yaml are partials of these: each takes the optimizer and the total number of
+optimizer steps and returns a scheduler config or None. ``optimizers`` builds what the example
+modules' ``configure_optimizers`` return.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""A compact per-epoch history of a run, for summary.json: learning curves that travel with the run.
+"""``TrainingHistory``: a per-epoch record of a run for summary.json, learning curves that travel with it.
 
-One entry per training epoch: the epoch and optimizer step, wall-clock seconds of training so far
-(validation included, the time before the first batch and between a kill and its resume excluded),
-training samples seen (all ranks), the mean training loss of the epoch (what ``training_step``
-returned, measured by the engine for any module), how many of its steps were loss spikes, and the
-epoch's logged metrics (``optimized_metric`` first). ``litlab-compare`` draws curves and
-time-to-target from it on any machine, and ``litlab.run.doctor`` reads it.
-
-The history is part of every checkpoint (``state_dict``), so a resumed run continues it.
+Each epoch: its step, training wall-clock seconds and samples so far, mean training loss, loss spikes
+(``count_spikes``) and logged metrics. ``litlab-compare`` and ``litlab.run.doctor`` read it; it is part
+of every checkpoint, so a resumed run continues it.
 """
 
 from __future__ import annotations

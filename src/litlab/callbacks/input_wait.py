@@ -1,11 +1,8 @@
-"""How much of a training step is spent waiting for the next batch: the input pipeline's share.
+"""``InputWait``: how much of a training step is spent waiting for the next batch, the input pipeline's share.
 
-Measured on this rank as the time from the end of one training batch (``on_train_batch_end``) to
-the start of the next (``on_train_batch_start``): fetching and collating the batch, copying it to
-the device, and what the loop does in between. Gaps across validation or an epoch boundary are not
-counted, nor the first batches (workers starting). The share is that wait over wait plus step.
-On CUDA the step's kernels may still run during the wait; the share then overstates it, which the
-doctor's threshold allows for.
+Measured on this rank from the end of one training batch to the start of the next, skipping the
+first batches and gaps across validation or an epoch boundary. On CUDA it can overstate the wait
+(kernels may still run), which the doctor's threshold allows for.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Exact resume needs a train loader that restores its position; this says whether it does.
+"""Exact resume needs a train loader that restores its position: ``ResumableLoaderCheck`` says if it does.
 
-Lightning saves the position of every train loader that has ``state_dict``/``load_state_dict``
-(``TensorBatches``, torchdata's ``StatefulDataLoader``, ``litlab.data.ResumableDataLoader``) in each
-checkpoint and restores it when a run resumes, so the resumed run sees exactly the batches an
-uninterrupted one would. A plain ``torch.utils.data.DataLoader`` restarts its epoch from a fresh
-shuffle instead: the run then warns once at start and summary.json says ``resume_exact: false``.
-
-It also repairs one trap for any module: ``trainer.estimated_stepping_batches`` (what a module's
-``configure_optimizers`` uses to size a schedule) builds the train loader before a resumed run has
-restored its checkpoint, so Lightning never applies the saved position to that loader. When
-that happened, the loader is built again, with the saved position, before the first batch.
+A loader without ``state_dict``/``load_state_dict`` restarts its epoch on resume: the run warns once
+and summary.json says ``resume_exact: false``. It also rebuilds the train loader with its saved
+position when ``trainer.estimated_stepping_batches`` built it before the checkpoint was restored.
 """
 
 from __future__ import annotations

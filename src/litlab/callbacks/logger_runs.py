@@ -1,10 +1,8 @@
-"""The run's resolved config as every logger's parameters, and W&B runs closed when a run fails.
+"""``LoggerRuns``: the run's resolved config as every logger's parameters; W&B runs closed when a run fails.
 
-Lightning logs only what a module passes to ``save_hyperparameters``; MLflow, W&B and CSV get the
-whole resolved config here when fitting starts (TensorBoard gets the group choices with the final
-metrics, in its HParams tab: ``litlab.run.loggers``). W&B keeps one run per process until it is
-finished, and Lightning never finishes it: a run that fails finishes its W&B run here (exit code 1),
-so that the next run in this process (a sweep's next job) gets its own.
+MLflow, W&B and CSV get the whole redacted config when fitting starts (TensorBoard gets the group
+choices with the final metrics: ``litlab.run.loggers``). A failing run finishes its W&B run, so the
+next run in this process gets its own.
 """
 
 from __future__ import annotations

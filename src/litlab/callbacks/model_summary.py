@@ -1,9 +1,7 @@
 """The model summary at the start of fitting, with real FLOPs or no FLOPs column.
 
-Lightning counts FLOPs by running the module on its ``example_input_array``; a module without one
-gets a FLOPs column of zeros and "Total FLOPs: 0", which reads as a measurement. This summary drops
-both when nothing was counted, and goes through logging (so it is in train.log too), as a plain
-table also on a terminal.
+Lightning prints a column of zero FLOPs for a module without ``example_input_array``, which reads as a
+measurement; ``ModelSummaryWithMeasuredFlops`` drops it, and logs the table (so train.log has it too).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A non-finite (nan/inf) training loss: stop the run naming the step, or skip that optimizer step.
 
-Lightning has no such callback since ``Trainer(terminate_on_nan=...)`` was removed, and
-``EarlyStopping(check_finite=True)`` looks only at a validation metric once per epoch.
-
-The check runs before each optimizer step, on the step's losses and on its gradients (a finite
-loss can still have an inf gradient, and one such update makes every later loss nan). A bad step
-never reaches the weights, batch-norm statistics are put back to what they were before the bad
-forward pass, and no checkpoint is written afterwards: the last checkpoint stays the last good one.
+``NonFiniteLossGuard`` checks each step's losses and gradients before the optimizer step, so a bad
+step never reaches the weights (batch-norm statistics are put back too) and the last checkpoint stays
+the last good one. Lightning has no such callback since ``terminate_on_nan`` was removed.
 """
 
 from __future__ import annotations

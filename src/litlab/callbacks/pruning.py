@@ -1,14 +1,8 @@
-"""Pruning of Optuna trials: a trial that is going nowhere stops after the validation that shows it.
+"""``TrialPruning``: an Optuna trial that is going nowhere stops after the validation that shows it.
 
-The engine adds ``TrialPruning`` to a run whose process has ``LITLAB_OPTUNA_TRIAL`` (set by the search,
-``litlab.launch.search``, for each trial's job): JSON with the study's storage URL, its name, the
-trial's number and the pruner's settings. After every validation (not the sanity check), global rank 0
-reports ``optimized_metric`` to the trial at the epoch (``trial.report(value, epoch)``) and asks the
-pruner; the decision is broadcast, so that every DDP rank stops at the same point (only rank 0 talks
-to the database). A pruned run stops there: summary.json ``status: pruned`` with ``pruned_epoch``, no
-test, exit status 0; the search then tells Optuna the trial was pruned.
-
-A database that cannot be reached never fails the run: it trains on, unpruned, with a warning.
+Added to a run whose process has ``LITLAB_OPTUNA_TRIAL`` (set by ``litlab.launch.search``): global rank
+0 reports ``optimized_metric`` after every validation and broadcasts the pruner's decision, so every
+rank stops together (summary.json ``status: pruned``, exit 0). A database it cannot reach only warns.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Random numbers that a resumed run draws exactly as an uninterrupted one would.
+"""``ReseedEveryStep``: random numbers that a resumed run draws exactly as an uninterrupted one would.
 
 Before every training batch, the generators this rank draws from are reseeded from (seed, global
-step, rank), so dropout and other random ops in a step depend only on which step it is: no RNG state
-needs to be in the checkpoint (numpy's would make torch's safe ``weights_only`` loading refuse it),
-and a run killed at any step and resumed draws the same numbers. Any LightningModule gets this.
+step, rank), so no RNG state needs to be in the checkpoint (numpy's would make torch's safe
+``weights_only`` loading refuse it). Any LightningModule gets this.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Steady-state speed and peak memory of a run, for summary.json, the logger and sweep reports.
+"""``RunStats``: steady-state speed and peak memory of a run, for summary.json, the logger and sweep reports.
 
-Samples in a batch: what Lightning's ``extract_batch_size`` finds (the first dimension of the
-first tensor in the batch), unless your LightningModule defines ``batch_samples(batch) -> int``.
-Tokens (or any other unit of work): counted only when it defines ``batch_tokens(batch) -> int``;
-summary.json then has ``tokens_per_second`` beside ``samples_per_second``.
+Samples in a batch: Lightning's ``extract_batch_size``, unless your LightningModule defines
+``batch_samples(batch) -> int``; tokens only when it defines ``batch_tokens(batch) -> int`` (then
+summary.json has ``tokens_per_second``).
 """
 
 from __future__ import annotations

@@ -4,10 +4,8 @@
     litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
     litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric test/acc
 
-Writes report.md, report.csv and report.png: one row per configuration, with speed-up, memory ratio
-and metric delta against a baseline (``litlab.report``). Runs that differ only in their seed, from
-one sweep or gathered from several, are one row: n runs, the mean and 95 % confidence interval of
-each figure, and Welch's t-test of the speed-up and the metric delta against the baseline's runs.
+Writes report.md, report.csv and report.png (``litlab.report``): one row per configuration against a
+baseline; runs that differ only in their seed are one row with confidence intervals (docs/sweeps.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """``litlab-eval ckpt_path=PATH``: test a checkpoint on the test split of the data it was trained on.
 
-The module and datamodule are rebuilt from the run config that every litlab checkpoint carries
-(``litlab.storage.checkpoints.RunConfigInCheckpoint``), for any task; values it holds redacted
-(``litlab.config.redact``: those from the environment, as their interpolations) are resolved again
-from this process's environment; the checkpoint is loaded
-with torch's safe ``weights_only=True``. Writes ``eval.json`` in its own run directory and returns
-the test twin of the run's ``optimized_metric``.
+The module and datamodule are rebuilt from the run config every litlab checkpoint carries
+(``litlab.storage.checkpoints.RunConfigInCheckpoint``), redacted values resolved from this process's
+environment, and the weights loaded with ``weights_only=True``. Writes ``eval.json`` in its own run
+directory.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Paths pasted on the command line: one line on how to quote a path that Hydra cannot read as is.
 
-The paths litlab prints and writes into summary.json (checkpoint names without ``=``) paste into
-``ckpt_path=`` and ``resume=`` as they are. A path of your own may hold what Hydra's override
-grammar reads as syntax (``=``, brackets, parentheses, quotes, ``~``, or a comma, which makes a
-sweep): quoted for Hydra, and the whole override quoted for the shell, it reads as one value.
+The paths litlab prints paste into ``ckpt_path=`` and ``resume=`` as they are; a path of your own with
+``=``, brackets, quotes, ``~`` or a comma must be quoted for Hydra and the shell (``check_pasted_paths``).
 """
 
 from __future__ import annotations

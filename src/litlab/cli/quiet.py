@@ -1,9 +1,8 @@
-"""Known noise of the libraries a run uses, dropped exactly: each filter names one message, so
-every other warning and log line still shows.
+"""Known noise of the libraries a run uses, dropped exactly (``drop_known_noise``): each filter names one
+message, so every other warning and log line still shows.
 
-- Lightning's advertising tips (``💡 Tip: ...``: litlogger, litmodels), logged at INFO on every run;
-- torch 2.14's deprecation of ``LeafSpec``, which Lightning 2.6's pytree helper still builds;
-- SQLAlchemy 2.1's deprecation of ``noload``, which MLflow's local SQLite store still uses.
+``LIGHTNING_TIPS``: Lightning's advertising tips, logged on every run. ``KNOWN_WARNINGS``: torch's
+deprecation of ``LeafSpec`` (Lightning's pytree helper), SQLAlchemy's of ``noload`` (MLflow's store).
 """
 
 from __future__ import annotations

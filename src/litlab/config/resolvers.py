@@ -1,13 +1,9 @@
-"""The OmegaConf resolvers litlab's configs use (registered once per process, before composing).
+"""The OmegaConf resolvers litlab's configs use, registered once per process before composing.
 
-- ``${litlab_uid:}``: a short random id, fixed for the process, for run directory names;
-- ``${litlab_cwd:}``: the directory litlab was started from (``paths.root_dir``);
-- ``${litlab_direction:MODE}``: Optuna's direction (maximize, minimize) for optimized_metric_mode;
-- ``${litlab_run_stamp:PROPOSAL}``: the run directory's last part, the same in every rank of a
-  launch (``litlab.launch.ranks.with_agreed_run_dir`` pins rank 0's under torchrun);
-- ``${litlab_rank_zero_only:VALUE}``: the value on global rank 0, None elsewhere (``.hydra/`` once);
-- ``${litlab_tasks_per_node:DEVICES}``, ``${litlab_gpus_per_node:ACCELERATOR,DEVICES}``: Slurm sizes;
-- ``${litlab_config_groups:}`` of ``litlab.config.usage``: the groups ``--help`` lists.
+``litlab_uid``, ``litlab_cwd``, ``litlab_direction`` (Optuna's direction), ``litlab_run_stamp`` (the
+run directory's last part, the same on every rank), ``litlab_rank_zero_only``, the Slurm sizes
+``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and ``litlab_config_groups`` of
+``litlab.config.usage``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The config groups ``--help`` of the console scripts lists, in Hydra's help template
-(configs/hydra/help/): the groups a user picks, read from the config search path when asked.
+"""The config groups that ``--help`` lists, through the ``litlab_config_groups`` resolver of Hydra's help
+template (configs/hydra/help/).
 
-The template calls ``${litlab_config_groups:}``: every group but the schemas, Hydra's own (except
-``hydra/launcher``) and the ones nobody picks (``paths``, ``local``), each with its options and the
-one this command line picks marked with ``*``. A group or option added to configs/ shows up with
-no change here.
+The groups a user picks, with their options and the chosen one marked ``*``, read from the config
+search path only when help is asked for: a group or option added to configs/ shows up by itself.
 """
 
 from __future__ import annotations

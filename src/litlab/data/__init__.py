@@ -1,10 +1,6 @@
-"""Resumable loaders the engine offers to your datamodules: exact resume for any task.
-
-- ``TensorBatches``: datasets held in memory as tensors (index-batching on the training device);
-- ``ResumableDataLoader``: any map-style Dataset, with worker processes (torchdata's StatefulDataLoader).
-
-Both take ``(data, batch_size, shuffle=, seed=)`` and shard across ranks by themselves: the rank and
-the number of ranks come from the process group, as ``DistributedSampler`` finds them.
+"""Resumable loaders for your datamodules: ``TensorBatches`` (data in memory as tensors) and
+``ResumableDataLoader`` (any map-style Dataset, with workers). Both take ``(data, batch_size,
+shuffle=, seed=)`` and shard across ranks by themselves, as ``DistributedSampler`` does.
 """
 
 from litlab.data.resumable_loader import ResumableDataLoader

@@ -1,11 +1,8 @@
 """``TensorBatches``: a resumable loader for datasets that live in memory as tensors.
 
-Batches are drawn by index from tensors that sit on the training device: no worker processes, no
-per-sample collation. The loader is *stateful*: Lightning stores its position in every checkpoint
-(``loops.fit_loop.state_dict.combined_loader``), so a run resumed mid-epoch sees exactly the batches
-an uninterrupted run would have seen. Written instead of using ``torch.utils.data.DataLoader``
-because index-batching in-memory tensors is several times faster than collating samples one by one;
-for datasets read from files, ``litlab.data.ResumableDataLoader`` does the same over a Dataset.
+Batches are drawn by index from tensors on the training device: no workers, no per-sample collation.
+Lightning stores its position in every checkpoint, so a run resumed mid-epoch sees exactly the batches
+an uninterrupted one would. For datasets read from files: ``litlab.data.ResumableDataLoader``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Compare runs: one row per configuration, each against its baseline (speed-up, memory ratio, metric
-delta). Runs that differ only in their seed are one configuration: its row has their mean and 95 %
-confidence interval, and Welch's t-test against the baseline's runs (``litlab.report.stats``).
+"""Compare runs: one row per configuration against its baseline (speed-up, memory ratio, metric delta).
 
-The baseline of a row is the first completed configuration that matches ``baseline`` (``key=value
-...``) and has the same devices x nodes and the same value of every other key the runs were swept
-over. Ratios are only ever computed between completed runs; a pruned Optuna trial is a row of its
-own, neither compared nor a failure. ``litlab.report.render`` writes the result;
-``litlab.report.callback.SweepReport`` does both at the end of every multirun.
+Runs that differ only in their seed are one configuration, with mean, confidence interval and Welch's
+t-test (``litlab.report.stats``). A row's baseline matches ``baseline`` and has the same devices x nodes
+and every other swept value; ratios are only between completed runs. ``build_report`` builds it.
 """
 
 from __future__ import annotations

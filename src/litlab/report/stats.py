@@ -1,10 +1,5 @@
-"""The statistics of repeated runs: a mean with its 95 % confidence interval, and Welch's t-test of
-two configurations' runs, both from scipy.stats (no statistics written here).
-
-A configuration run with several seeds (``seed=1,2,3``) is n measurements of one thing; the spread
-between them is run-to-run noise. The confidence interval says where the configuration's true mean
-lies (Student's t distribution, n - 1 degrees of freedom); Welch's t-test (unequal variances) says
-whether two configurations' means differ by more than that noise, at ``SIGNIFICANCE``.
+"""The statistics of repeated runs, from scipy.stats: a mean with its confidence interval (``CONFIDENCE``,
+Student's t), and Welch's t-test of two configurations' runs at ``SIGNIFICANCE``.
 """
 
 from __future__ import annotations

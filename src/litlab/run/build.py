@@ -1,14 +1,8 @@
 """Config -> objects -> ``lightning.Trainer``: the one place that instantiates a run's parts.
 
-``cfg.model`` and ``cfg.data`` are your classes, unknown to the engine: ``model._target_`` is a
-LightningModule, ``data._target_`` a LightningDataModule that takes the micro-batch as
-``batch_size`` (docs/contract.md). The engine adds its own callbacks to every Trainer: run
-statistics, the non-finite guard, the world check, per-step reseeding, the train loader's resume
-check, the run config stored in every checkpoint, the per-epoch history and the input wait (for
-summary.json, reports and the doctor), the run config as the loggers' parameters (both redacted:
-no credentials, ``litlab.config.redact``), the model summary, and the hang watch
-(``litlab.run.hangs``). A logger, strategy, callback or profiler that raises while it is built
-ends the run in one line (``PartRefused``).
+``cfg.model`` is your LightningModule, ``cfg.data`` your LightningDataModule taking the micro-batch as
+``batch_size`` (docs/contract.md); the engine adds its own callbacks to every Trainer. A logger,
+strategy, callback or profiler that raises while it is built ends the run in one line (``PartRefused``).
 """
 
 from __future__ import annotations

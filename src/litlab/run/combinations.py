@@ -1,10 +1,8 @@
 """Which accelerator x strategy x precision combinations this machine can run.
 
-Decided before Lightning builds the Trainer (in the preflight, and again for every sweep job), so
-that a combination that cannot run ends in one line naming the options and what to use instead,
-not in Lightning's traceback (``strategy=fsdp`` on a CPU raised ValueError). Availability is asked of
-Lightning's own accelerators. What still fails when Lightning builds the Trainer is reported the
-same way (``trainer_errors``).
+Decided before Lightning builds the Trainer (preflight and every sweep job, ``check_combination``), so
+a combination that cannot run ends in one line naming what to use instead; what still fails when
+Lightning builds the Trainer is reported the same way (``trainer_errors``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""How a failing run ends: one line on stderr (``one_line_errors``) and the reason its summary.json
-records (``failure_reason``); in a multi-rank run, the same line on every rank.
+"""How a failing run ends: one line on stderr (``one_line_errors``) and the reason summary.json records
+(``failure_reason``); in a multi-rank run, the same line on every rank.
 
-``litlab.cli.preflight`` catches what the config alone shows, before torch loads. What shows
-only afterwards (no such GPU, a file that is not a checkpoint, weights of another model, a
-non-finite loss, out of memory) is raised as a ``LitlabError`` inside ``one_line_errors()``. In a
-single run that prints ``litlab: error: <sentence>`` as the last line of stderr and exits: Hydra
-would print its "Set the environment variable HYDRA_FULL_ERROR=1" hint after any error, even a
-compact one. With ``HYDRA_FULL_ERROR=1`` the error is raised on, traceback and all. In a multirun,
-where a job failure must stay a failed job and not end the sweep, it is raised on to Hydra, which
-prints a ``CompactHydraException`` without a traceback.
+A ``LitlabError`` prints ``litlab: error: <sentence>`` as stderr's last line, without Hydra's hint;
+with ``HYDRA_FULL_ERROR=1`` it is raised with its traceback, and in a multirun it is raised on to Hydra.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A rank that is alive but makes no progress ends the run in one line, and so does a preemption
-whose ranks cannot reach a common batch boundary within ``preempt_grace``, or that stopped there but
-then makes no progress towards its end (preempted.ckpt, summary.json) for ``preempt_grace``.
+"""A rank that is alive but makes no progress ends the run in one line, and so does a preemption that
+cannot reach a common batch boundary, or its end, within ``preempt_grace``.
 
-Each rank beats from inside its loop (``litlab.heartbeat``); a watchdog thread per rank shares where
-its rank is through the ranks' store, and when every rank has been stalled past its allowance one
-of them names the rank the others wait for; every rank writes its stacks and ends. SIGTERM reaches
-the watchdog through ``signal.set_wakeup_fd``, also while the main thread is blocked in a collective.
-How a hang is told from a long step: docs/launch.md, "When a rank hangs".
+A ``Watchdog`` thread per rank reads its heartbeat (``litlab.heartbeat``) and shares it through the
+ranks' store; when every rank is stalled, one names the rank the others wait for and every rank
+writes its stacks and ends. How a hang is told from a long step: docs/launch.md, "When a rank hangs".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Fit with a micro-batch that fits in memory.
 
-``tune.batch_size=true`` runs Lightning's batch-size finder first and trains with what it finds.
-``oom=fail`` (default) turns an out-of-memory error into one line that says which of a smaller
-micro-batch with more accumulation, a 16-bit precision, or ``oom=auto_shrink`` would help.
-``oom=auto_shrink`` retries instead: when the error comes in the first ``oom.within_steps`` optimizer
-steps, it halves ``data.batch_size``, doubles ``trainer.accumulate_grad_batches`` (the effective batch
-is unchanged; integer batch limits double so each epoch covers the same samples), frees the cache
-and starts the fit again, at most ``oom.max_shrinks`` times. Under DDP every rank shrinks together
-when every rank ran out of memory in the same step; when only some did, every rank fails
-(``litlab.run.failures.every_rank_out_of_memory``): ranks never train with different batches.
+``tune.batch_size=true`` runs Lightning's batch-size finder first. ``oom=fail`` (default) turns an
+out-of-memory error into one line with the cures; ``oom=auto_shrink`` halves the micro-batch and
+doubles accumulation (the effective batch is unchanged) and fits again, under DDP only when every rank
+ran out of memory in the same step. docs/troubleshooting.md.
 """
 
 from __future__ import annotations

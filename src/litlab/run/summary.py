@@ -1,10 +1,8 @@
 """summary.json: the one record of a run's outcome, read by resume, sweeps, reports and people.
 
-One definition, ``Summary``, used by every writer and reader: a finished or failed run
-(``litlab.run.lifecycle``), a sweep job that failed before its Trainer existed
-(``litlab.launch.multirun``), and the stand-in for a job folder without a summary
-(``litlab.report.collect``). Fields are described in docs/runs.md. ``sweep_job`` is the run's place
-in a sweep, which summary.json records. Nothing here imports torch.
+``Summary`` is its one definition, used by every writer and reader (``litlab.run.lifecycle``,
+``litlab.launch.multirun``, ``litlab.report.collect``); its fields are in docs/runs.md. Nothing here
+imports torch.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
 
-``resume=auto`` (default) looks in ``<storage.root>/<run identity>/``: a completed run (its stored
-summary.json says so) is not trained again; an unfinished one continues from its newest checkpoint
-that loads (a truncated or corrupt one is skipped with a warning). ``resume=never`` starts fresh and
-moves an earlier attempt's files aside; ``resume=PATH`` continues from that checkpoint file. A run
-completed with other user code is not this run: ``folder_for_code`` gives the new code a folder of its
-own, while an unfinished run continues whatever changed (a warning names the files).
-
-Rank 0 decides, records the start in ``<storage folder>/run.json`` and hands the decision to the ranks
-Lightning launches (through the environment, which they inherit), so every rank resumes the same way.
+``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
+not trained again, an unfinished one continues from its newest checkpoint that loads (after a code
+change too, with a warning). Rank 0 decides and hands the decision to the ranks it launches.
 """
 
 from __future__ import annotations

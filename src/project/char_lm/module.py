@@ -1,11 +1,8 @@
 """``CharLM``: a causal network that predicts every next character, cross-entropy, and perplexity.
 
 A plain LightningModule with torchmetrics. Batches are ``(sequences,)`` of ``block_size + 1`` token
-ids: the network reads the first ``block_size`` and is scored on each next one. Its arguments are
-plain config: ``net`` names the network class and its settings (built here for the data's
-``vocab_size`` and ``block_size``, so the sequence length is set once, in the data config),
-``optimizer`` and ``scheduler`` are partials. ``save_hyperparameters`` keeps them all in every
-checkpoint, so ``CharLM.load_from_checkpoint(path)`` rebuilds a trained model.
+ids. ``net`` names the network and its settings, ``optimizer`` and ``scheduler`` are partials;
+``save_hyperparameters`` keeps them, so ``CharLM.load_from_checkpoint(path)`` rebuilds a trained model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """CIFAR-10: 60000 colour 32x32 images of 10 classes, read by torchvision and held in memory.
 
-Downloaded by torchvision on first use (170 MB, checked against its published checksum) into
-``data.root``; nothing is downloaded when the files are there. The official 50000 training images
-are split into train and val (``val_fraction``, deterministic by ``split_seed``), the 10000 test
-images are the test split. Images are standardised per channel with the training split's
-statistics and served from the training device by the engine's ``TensorBatches`` (no workers,
-exact resume), with a per-image random crop (zero padding 4) and horizontal flip while training.
+Downloaded on first use into ``data.root`` (checksum checked). The training images are split into
+train and val (``val_fraction``, ``split_seed``), standardised, and served by ``TensorBatches`` with a
+random crop and flip while training.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Image datasets small enough to live in memory as tensors: the digits, and synthetic images.
 
-``InMemoryImages`` splits (images, labels) from ``load()`` into train/val/test (deterministically,
-by ``split_seed``), standardises them with the training split's statistics, moves them onto the
-training device once, and serves batches with the engine's ``TensorBatches`` (resumable, sharded
-across ranks). A new in-memory dataset is a subclass with ``load()`` and its ``image_shape`` and
-``num_classes``.
+``InMemoryImages`` splits what ``load()`` returns into train/val/test by ``split_seed``, standardises
+it, and serves it from the training device with ``TensorBatches``. A new in-memory dataset is a
+subclass with ``load()``, ``image_shape`` and ``num_classes``.
 """
 
 from __future__ import annotations

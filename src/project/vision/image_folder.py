@@ -1,12 +1,8 @@
 """Your own images on disk, one sub-folder per class, read by ``torchvision.datasets.ImageFolder``.
 
-``data.root`` is either ``root/<class>/<image>`` (split into train/val/test by ``val_fraction`` and
-``test_fraction``, deterministically by ``split_seed``) or ``root/train/<class>/...`` with
-``root/val/`` and optionally ``root/test/`` (test falls back to val). Images are resized to
-``image_shape``'s height x width, converted to its channels, and normalised with ``mean``/``std``.
-The constructor checks the folder and counts its classes without reading an image, so a wrong
-``data.root`` fails before anything runs. Training batches come from the engine's
-``ResumableDataLoader``: worker processes, and an exact resume.
+``data.root`` is ``root/<class>/<image>`` (split by ``val_fraction`` and ``test_fraction``) or
+``root/train/``, ``root/val/`` and optionally ``root/test/``. The constructor checks the folder without
+reading an image; training batches come from ``ResumableDataLoader`` (workers, exact resume).
 """
 
 from __future__ import annotations

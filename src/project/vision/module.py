@@ -1,9 +1,8 @@
 """``ImageClassifier``: a network that maps images to class logits, cross-entropy, and accuracy.
 
-A plain LightningModule with torchmetrics. Its arguments are plain config: ``net`` names the
-network class and its settings (built here for the data's ``image_shape`` and ``num_classes``),
-``optimizer`` and ``scheduler`` are partials. ``save_hyperparameters`` keeps them all in every
-checkpoint, so ``ImageClassifier.load_from_checkpoint(path)`` rebuilds a trained model.
+A plain LightningModule with torchmetrics. ``net`` names the network and its settings, ``optimizer``
+and ``scheduler`` are partials; ``save_hyperparameters`` keeps them, so
+``ImageClassifier.load_from_checkpoint(path)`` rebuilds a trained model.
 """
 
 from __future__ import annotations
