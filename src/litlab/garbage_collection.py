@@ -25,5 +25,5 @@ def existing_objects_frozen() -> Iterator[None]:
 
 
 def skip_collection_at_exit() -> None:
-    """Called last by a console script: the exit then takes < 1 s instead of collecting everything."""
+    """Called last by a console script: the exit then skips collecting everything (docs/performance.md)."""
     gc.freeze()

@@ -72,8 +72,8 @@ def cluster_started_ranks(env: Mapping[str, str] | None = None) -> bool:
     srun, LSF's jsrun, a LOCAL_RANK set by hand, or submitit's local tasks (the variables Lightning's
     cluster environments detect). Decided from the environment the process started with: what a fit
     earlier in the same process (a notebook, an in-process test) left in ``os.environ`` must not
-    count. Read here, not through Lightning, because importing Lightning costs ~8 s in a process that
-    may only wait for a child.
+    count. Read here, not through Lightning, because importing Lightning is slow (docs/performance.md)
+    in a process that may only wait for a child.
     """
     env = PROCESS_START_ENV if env is None else env
     if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
