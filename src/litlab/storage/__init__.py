@@ -1,1 +1,3 @@
-"""Where checkpoints persist (roots), how they are written (checkpoints), and the resume decision (resume)."""
+"""Where checkpoints persist (roots), how they are written (checkpoints), the resume decision (resume),
+and one process per run identity (lock).
+"""

@@ -2,7 +2,7 @@
 
 ``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
 not trained again, an unfinished one continues from its newest checkpoint that loads (after a code
-change too, with a warning). Rank 0 decides and hands the decision to the ranks it launches.
+change too, with a warning). Rank 0 decides and hands the decision to the ranks Lightning launches.
 """
 
 from __future__ import annotations
