@@ -1,8 +1,9 @@
 """The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
 
 ``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
-not trained again, an unfinished one continues from its newest checkpoint that loads (after a code
-change too, with a warning). Rank 0 decides and hands the decision to the ranks Lightning launches.
+not trained again (a run completed with other code gets a folder of its own, ``folder_for_code``); an
+unfinished one continues from its newest checkpoint that loads, whatever changed, with a warning.
+Rank 0 decides and hands the decision to the ranks Lightning launches.
 """
 
 from __future__ import annotations
