@@ -44,9 +44,12 @@ def test_readme_commands_work(log_dir):
         argv = shlex.split(command)
         if argv[0].startswith("litlab-"):  # a console script, found on PATH as the shell finds it
             argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
-            # Warm, and so are the ranks it starts (tests/warm.py); make and python -m start cold.
+        elif argv[:2] == ["python", "-m"]:  # the warm server runs the module as `python -m` does
+            argv = argv[1:]
+        if argv[0] != "make":
+            # Warm, and so are the ranks it starts (tests/warm.py); make starts cold, as typed.
             result = WARM.run(argv, command_env(env, warm_jobs=True), REPO, timeout=300)
-        else:  # make, python -m: as typed
+        else:
             result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         ok(result)
         if command == "make train":
