@@ -54,6 +54,12 @@ from lightning.pytorch.callbacks import Callback
 
 from litlab.errors import LitlabError, error_chain
 from litlab.heartbeat import HEARTBEAT
+from litlab.library_internals import (
+    cluster_environment,
+    default_store,
+    disarm_child_process_observers,
+    raise_sigterm_after_this_batch,
+)
 from litlab.storage.checkpoints import in_an_epochs_last_batch
 
 log = logging.getLogger("litlab")
@@ -293,7 +299,7 @@ class WatchTheRanks(Callback):
             _current.running = False  # oom=auto_shrink fits again in the same processes
         _fits += 1
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = torch.distributed.distributed_c10d._get_default_store()  # the one the ranks rendezvoused in
+        store = default_store()  # the one the ranks rendezvoused in
         # The ranks that exist: a process group smaller than trainer.world_size (WorldCheck stops the
         # run on it) would otherwise wait a minute here for ranks that never register.
         members = torch.distributed.get_world_size()
@@ -316,9 +322,7 @@ def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
     procs = getattr(trainer.strategy.launcher, "procs", None) or []
     if not procs:
         return {}
-    for thread in threading.enumerate():
-        if type(thread).__name__ == "_ChildProcessObserver":
-            thread._run = lambda: True  # its loop ends at its next poll, killing nothing
+    disarm_child_process_observers()
     first = trainer.node_rank * trainer.num_devices
     return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
 
@@ -362,7 +366,7 @@ class StopTogetherOnSigterm(Callback):
             return
         self.requested = self.requeue = self.at_epoch_end = False
         signals = [signal.SIGTERM]
-        environment = trainer._accelerator_connector.cluster_environment
+        environment = cluster_environment(trainer)
         if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
             signals.append(environment.requeue_signal)
         for signum in signals:
@@ -437,7 +441,7 @@ class StopTogetherOnSigterm(Callback):
         return requested
 
     def _stop(self, trainer: L.Trainer) -> None:
-        trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
+        raise_sigterm_after_this_batch(trainer)
         if self.requeue and trainer.is_global_zero:
             atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
 

@@ -460,7 +460,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
                 **{**options, **_fail_fast_options(protocol, timeout)}, skip_instance_cache=True
             )
             fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
-            folder = fs._strip_protocol(root)
+            folder = fsspec.core.strip_protocol(root)
             # First a request without a body: aiohttp waits without a timeout for the "100 Continue"
             # that botocore asks for on uploads, so an endpoint that never answers would hang there.
             fs.info(folder.split("/", 1)[0])
