@@ -154,8 +154,13 @@ def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
     if protocol in OBJECT_STORES["s3"]:
         # s3fs retries 5 times on top of botocore's attempts (25 tries of a dead endpoint); botocore's
-        # standard mode, which knows which errors are transient, is the one retry layer.
-        fsspec.get_filesystem_class(protocol).retries = 1
+        # standard mode, which knows which errors are transient, is the one retry layer. fsspec's
+        # registry hands out a subclass that tries once; s3fs's own class is left as it is.
+        fsspec.get_filesystem_class(protocol)  # s3fs missing: fsspec's ImportError, as without this
+        from litlab.storage.s3_retrying_once import S3FileSystemRetryingOnce
+
+        for name in OBJECT_STORES["s3"]:
+            fsspec.register_implementation(name, S3FileSystemRetryingOnce, clobber=True)
 
 
 def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
