@@ -70,14 +70,16 @@ def join_restarted_torchrun_group(trainer: Any) -> None:
     import datetime
 
     import torch.distributed as dist
-    from lightning.fabric.utilities.distributed import _get_default_process_group_backend_for_device
+
+    from litlab.library_internals import default_process_group_backend, process_group_timeout
 
     if dist.is_initialized():
         return
     strategy = trainer.strategy
-    backend = getattr(strategy, "_process_group_backend", None)
-    backend = backend or _get_default_process_group_backend_for_device(strategy.root_device)
-    timeout = getattr(strategy, "_timeout", None) or datetime.timedelta(minutes=30)
+    backend = getattr(strategy, "process_group_backend", None) or default_process_group_backend(
+        strategy.root_device
+    )
+    timeout = process_group_timeout(strategy) or datetime.timedelta(minutes=30)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )

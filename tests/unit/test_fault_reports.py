@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fsspec
 import pytest
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
@@ -23,6 +24,7 @@ from litlab.storage.roots import (
     s3_client_config,
     storage_cause,
     storage_options,
+    use_storage_options,
     writing,
 )
 
@@ -66,6 +68,20 @@ def test_s3_requests_are_bounded_as_the_docs_say():
     assert config["retries"] == {"mode": "standard", "total_max_attempts": 5}
     assert (config["connect_timeout"], config["read_timeout"]) == (10.0, 10.0)
     assert s3_client_config(2, 1)["retries"]["total_max_attempts"] == 1  # the check before training
+
+
+def test_s3_filesystems_of_a_run_try_each_request_once_at_s3fs_level(monkeypatch):
+    s3fs = pytest.importorskip("s3fs")
+    monkeypatch.setattr(fsspec.config, "conf", {})
+    try:
+        use_storage_options("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:9"})
+        for protocol in ("s3", "s3a"):
+            fs = fsspec.filesystem(protocol, skip_instance_cache=True)
+            assert isinstance(fs, s3fs.S3FileSystem) and fs.retries == 1
+        assert s3fs.S3FileSystem.retries == 5  # s3fs's own class is left as it is
+    finally:
+        for protocol in ("s3", "s3a"):
+            fsspec.register_implementation(protocol, s3fs.S3FileSystem, clobber=True)
 
 
 def test_a_ddp_spawn_rank_s_error_becomes_one_line_naming_the_rank():

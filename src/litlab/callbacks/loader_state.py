@@ -12,6 +12,9 @@ from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import CombinedLoader
+
+from litlab.library_internals import rebuild_train_loader, train_loader_states_pending
 
 log = logging.getLogger("litlab")
 
@@ -34,20 +37,19 @@ class ResumableLoaderCheck(Callback):
         self.run = run
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        fit_loop = trainer.fit_loop
-        combined = fit_loop._combined_loader
-        if combined is None:
+        iterables = trainer.train_dataloader
+        if iterables is None:
             return
-        if fit_loop._combined_loader_states_to_load:
+        if train_loader_states_pending(trainer):
             # The loader was built before the checkpoint was restored (estimated_stepping_batches in
-            # configure_optimizers): drop it, so that the epoch's setup builds it again and loads the
-            # saved position into it (FitLoop.setup_data -> _load_combined_loader_states).
-            fit_loop._combined_loader = None
-        exact = all(restores_position(loader) for loader in combined.flattened)
+            # configure_optimizers): the epoch's setup builds it again, with the saved position.
+            rebuild_train_loader(trainer)
+        loaders = CombinedLoader(iterables).flattened
+        exact = all(restores_position(loader) for loader in loaders)
         if self.run is not None:
             self.run.resume_exact = exact
         if not exact and trainer.is_global_zero:
-            kinds = ", ".join(sorted({type(loader).__name__ for loader in combined.flattened}))
+            kinds = ", ".join(sorted({type(loader).__name__ for loader in loaders}))
             log.warning(
                 "resume is not exact: the train loader (%s) cannot restore its position, so a resumed run "
                 "restarts its epoch from a new shuffle; return a litlab.data.ResumableDataLoader or "

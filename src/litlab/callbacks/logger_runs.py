@@ -13,6 +13,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
+from litlab.library_internals import wandb_run_started
+
 
 class LoggerRuns(Callback):
     def __init__(self, config: dict[str, Any]) -> None:
@@ -29,6 +31,5 @@ class LoggerRuns(Callback):
         if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
-            # _experiment: the run, if one was started (the experiment property would start one)
-            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            if isinstance(logger, WandbLogger) and wandb_run_started(logger):
                 logger.experiment.finish(exit_code=1)

@@ -10,7 +10,8 @@ import logging
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelSummary
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+from litlab.library_internals import format_summary_table
 
 log = logging.getLogger("litlab")
 
@@ -34,7 +35,7 @@ class ModelSummaryWithMeasuredFlops(ModelSummary):
     ) -> None:
         if not total_flops:
             summary_data = [column for column in summary_data if column[0] != _FLOPS_COLUMN]
-        table = _format_summary_table(
+        table = format_summary_table(
             total_parameters,
             trainable_parameters,
             model_size,

@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from litlab.errors import LitlabError
+from litlab.library_internals import foreach_copy_, foreach_norm, last_global_step_saved
 
 log = logging.getLogger("litlab")
 
@@ -51,7 +52,7 @@ class NonFiniteLossGuard(Callback):
         self._batch_idx = batch_idx
         if not self._losses and self._buffers:  # the first micro-batch of an optimizer step
             with torch.no_grad():  # one fused copy into the same tensors: cheaper than a clone
-                torch._foreach_copy_(self._saved, self._buffers)
+                foreach_copy_(self._saved, self._buffers)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach())  # checked once per optimizer step
@@ -101,7 +102,7 @@ class NonFiniteLossGuard(Callback):
                 # One fused kernel for all gradients (what torch.nn.utils.clip_grad_norm_ uses inside):
                 # half the cost of a norm per tensor, and cheaper than torch.nn.utils.get_total_norm
                 # (docs/performance.md, "Why the engine does it this way").
-                norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+                norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32))
                 checked.append(norms)
         if not checked or bool(torch.cat(checked).isfinite().all()):  # the one host-device sync
             return None
@@ -115,7 +116,7 @@ class NonFiniteLossGuard(Callback):
         """Undo what the bad step's forward passes did to batch-norm running statistics."""
         if self._buffers:
             with torch.no_grad():
-                torch._foreach_copy_(self._buffers, self._saved)
+                foreach_copy_(self._buffers, self._saved)
 
 
 def _cures(trainer: L.Trainer) -> str:
@@ -133,7 +134,7 @@ def _newest_checkpoint(trainer: L.Trainer) -> str | None:
     its newest file (as ``best_model_path``; ``last_model_path`` with ``save_last``); of those, the one
     that saved last. ``trainer.checkpoint_callback`` alone is the first callback, often a monitoring one."""
     saved = [
-        (callback._last_global_step_saved, callback.last_model_path or callback.best_model_path)
+        (last_global_step_saved(callback), callback.last_model_path or callback.best_model_path)
         for callback in trainer.checkpoint_callbacks
         if isinstance(callback, ModelCheckpoint) and callback.monitor is None
     ]

@@ -38,6 +38,7 @@ from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction, typed_overrides
 from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
+from litlab.library_internals import redact_initial_hyperparameters
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.failures import StopTogetherOnSigterm, WatchTheRanks
@@ -111,8 +112,7 @@ def redact_logged_hyperparameters(redaction: Redaction, *parts: Any) -> None:
     (``hparams``) is redacted as it is written (``RunConfigInCheckpoint``); the module keeps the real
     values."""
     for part in parts:
-        if getattr(part, "_hparams_initial", None):
-            part._hparams_initial = redaction.values(part._hparams_initial)
+        redact_initial_hyperparameters(part, redaction.values)
 
 
 def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:

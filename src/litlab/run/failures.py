@@ -31,6 +31,12 @@ from lightning.pytorch.callbacks import Callback
 
 from litlab.errors import LitlabError, error_chain
 from litlab.heartbeat import HEARTBEAT
+from litlab.library_internals import (
+    cluster_environment,
+    default_store,
+    disarm_child_process_observers,
+    raise_sigterm_after_this_batch,
+)
 from litlab.storage.checkpoints import in_an_epochs_last_batch
 
 log = logging.getLogger("litlab")
@@ -270,7 +276,7 @@ class WatchTheRanks(Callback):
             _current.running = False  # oom=auto_shrink fits again in the same processes
         _fits += 1
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = torch.distributed.distributed_c10d._get_default_store()  # the one the ranks rendezvoused in
+        store = default_store()  # the one the ranks rendezvoused in
         # The ranks that exist: a process group smaller than trainer.world_size (WorldCheck stops the
         # run on it) would otherwise wait a minute here for ranks that never register.
         members = torch.distributed.get_world_size()
@@ -293,9 +299,7 @@ def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
     procs = getattr(trainer.strategy.launcher, "procs", None) or []
     if not procs:
         return {}
-    for thread in threading.enumerate():
-        if type(thread).__name__ == "_ChildProcessObserver":
-            thread._run = lambda: True  # its loop ends at its next poll, killing nothing
+    disarm_child_process_observers()
     first = trainer.node_rank * trainer.num_devices
     return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
 
@@ -332,47 +336,61 @@ class StopTogetherOnSigterm(Callback):
 
     def __init__(self) -> None:
         self.requested = self.requeue = self.at_epoch_end = False
+        self.training = False  # between on_train_start and the end of the fit
+
+    def _signals(self, trainer: L.Trainer) -> list[int]:
+        signals = [signal.SIGTERM]
+        environment = cluster_environment(trainer)
+        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+            signals.append(environment.requeue_signal)
+        return signals
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Here, before Lightning installs its handlers: it keeps the handlers it finds, and puts them
+        # back at its teardown.
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self.requested = self.requeue = self.at_epoch_end = False
+        self.training = False
+        for signum in self._signals(trainer):
+            self._keep_through_the_stop(trainer, signum)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Here, not in setup: Lightning installs its own handlers after the setup hooks.
         if threading.current_thread() is not threading.main_thread():
             return
-        self.requested = self.requeue = self.at_epoch_end = False
-        signals = [signal.SIGTERM]
-        environment = trainer._accelerator_connector.cluster_environment
-        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
-            signals.append(environment.requeue_signal)
-        for signum in signals:
+        self.training = True
+        for signum in self._signals(trainer):
             name = signal.Signals(signum).name
             signal.signal(signum, lambda number, frame, name=name: self._note(trainer, name))
-            self._keep_through_the_stop(trainer, signum)
 
     def _keep_through_the_stop(self, trainer: L.Trainer, signum: int) -> None:
-        """Lightning's teardown, after a stop, puts back the handler of before the fit (the default
-        action: the process ends at once): the same signal again would end the run between
-        preempted.ckpt and summary.json, without a word. What it puts back is a handler that notes
-        the signal while a stop is under way, and otherwise does what that handler did
-        (``restore_signal_handlers`` puts that one back once the run's outcome is recorded)."""
-        originals = getattr(trainer._signal_connector, "_original_handlers", None)
-        before = originals.get(signum) if isinstance(originals, dict) else None
+        """Lightning's teardown, after a stop, puts back the handler it found when the fit began (the
+        default action: the process ends at once): the same signal again would end the run between
+        preempted.ckpt and summary.json, without a word. So the handler it finds is one installed
+        here, before it looks: one that notes the signal while a stop is under way, and otherwise
+        does what the handler of before the fit did (``restore_signal_handlers`` puts that one back
+        once the run's outcome is recorded)."""
+        before = _handlers_before_fit.get(signum, signal.getsignal(signum))
         if before is None:  # a handler not installed from Python: left to Lightning
             return
         _handlers_before_fit.setdefault(signum, before)
 
         def while_stopping(number: int, frame: Any) -> None:
+            name = signal.Signals(number).name
             if self.requested:
-                log.warning(
-                    "%s again on rank %d: the run is already stopping",
-                    signal.Signals(number).name,
-                    trainer.global_rank,
-                )
+                log.warning("%s again on rank %d: the run is already stopping", name, trainer.global_rank)
+            elif signal.getsignal(number) is not while_stopping:
+                return  # called by Lightning's SIGTERM handler (before on_train_start), which notes it
+            elif not self.training:
+                self._note(trainer, name)  # before training starts: the run stops after its first batch
             elif callable(before):
                 before(number, frame)
             elif before != signal.SIG_IGN:  # the default action, as without this handler
                 signal.signal(number, signal.SIG_DFL)
                 os.kill(os.getpid(), number)
 
-        originals[signum] = while_stopping
+        signal.signal(signum, while_stopping)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":  # fitting ended without a stop: the handlers of before the fit
@@ -414,7 +432,7 @@ class StopTogetherOnSigterm(Callback):
         return requested
 
     def _stop(self, trainer: L.Trainer) -> None:
-        trainer._signal_connector.received_sigterm = True  # Lightning's own flag: it raises SIGTERMException
+        raise_sigterm_after_this_batch(trainer)
         if self.requeue and trainer.is_global_zero:
             atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
 

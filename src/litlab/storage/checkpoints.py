@@ -21,12 +21,12 @@ import fsspec
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.heartbeat import HEARTBEAT, CountingWriter
+from litlab.library_internals import last_global_step_saved
 from litlab.storage.roots import TEMPORARY_SUFFIX, copy_changed_files, failed_storage, writing
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,8 @@ class LastCheckpoint(EpochCheckpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        # _last_global_step_saved: the step each ModelCheckpoint last saved (Lightning's own skip check)
         saved = [
-            c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
+            last_global_step_saved(c) for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
         ]
         if self.final and trainer.global_step not in saved:
             path = f"{str(self.dirpath).rstrip('/')}/{LAST}{self.FILE_EXTENSION}"
@@ -276,7 +275,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         step = int(checkpoint.get("global_step", 0))
         # The hang detector counts a write's bytes as progress: a large checkpoint is not a hang.
         with writing(folder, name, url), HEARTBEAT.writing_checkpoint(step):
-            if _is_local_file_protocol(path):
+            if fsspec.utils.get_protocol(str(path)) == "file":
                 _save_locally(checkpoint, Path(url.removeprefix("file://")))
             else:
                 buffer = io.BytesIO()

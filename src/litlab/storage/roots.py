@@ -147,8 +147,13 @@ def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
     if protocol in OBJECT_STORES["s3"]:
         # s3fs retries 5 times on top of botocore's attempts (25 tries of a dead endpoint); botocore's
-        # standard mode, which knows which errors are transient, is the one retry layer.
-        fsspec.get_filesystem_class(protocol).retries = 1
+        # standard mode, which knows which errors are transient, is the one retry layer. fsspec's
+        # registry hands out a subclass that tries once; s3fs's own class is left as it is.
+        fsspec.get_filesystem_class(protocol)  # s3fs missing: fsspec's ImportError, as without this
+        from litlab.storage.s3_retrying_once import S3FileSystemRetryingOnce
+
+        for name in OBJECT_STORES["s3"]:
+            fsspec.register_implementation(name, S3FileSystemRetryingOnce, clobber=True)
 
 
 def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
@@ -453,7 +458,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
                 **{**options, **_fail_fast_options(protocol, timeout)}, skip_instance_cache=True
             )
             fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
-            folder = fs._strip_protocol(root)
+            folder = fsspec.core.strip_protocol(root)
             # First a request without a body: aiohttp waits without a timeout for the "100 Continue"
             # that botocore asks for on uploads, so an endpoint that never answers would hang there.
             fs.info(folder.split("/", 1)[0])

@@ -1,0 +1,112 @@
+"""Every use the engine makes of another library's private state, each with why no public API serves.
+
+tests/unit/test_library_internals.py checks each against the installed versions: an upgrade that
+changes one fails there, not silently in a run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.distributed import _get_default_process_group_backend_for_device
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+# torch's multi-tensor ops (what its optimizers and clip_grad_norm_ use): one kernel launch for all
+# gradients, where the public per-tensor ops cost a Python call per parameter on every step. Bound
+# once here, so the per-step cost is the call alone.
+foreach_norm = torch._foreach_norm
+foreach_copy_ = torch._foreach_copy_
+
+# Lightning's text table of a model summary: ModelSummary.summarize, the public hook a subclass
+# overrides, receives the columns but no formatter; this is the one Lightning's own summarize uses.
+format_summary_table = _format_summary_table
+
+
+def default_store() -> torch.distributed.Store:
+    """The store the ranks rendezvoused in. ``init_process_group`` creates it from the launcher's
+    address and keeps it; torch offers no public getter for it."""
+    return torch.distributed.distributed_c10d._get_default_store()
+
+
+def default_process_group_backend(device: torch.device) -> str:
+    """The backend Lightning picks for a device (nccl for CUDA, gloo otherwise) before its strategy
+    has set up the process group (``strategy.process_group_backend`` is None until then)."""
+    return _get_default_process_group_backend_for_device(device)
+
+
+def process_group_timeout(strategy: Any) -> datetime.timedelta | None:
+    """The ``timeout`` a DDP strategy was given: the strategy keeps it only privately."""
+    return getattr(strategy, "_timeout", None)
+
+
+def disarm_child_process_observers() -> None:
+    """Ends the observer thread Lightning's subprocess launcher starts beside the ranks it spawns, so
+    that it kills nothing. When a child rank fails, that thread SIGKILLs every rank and the launching
+    process at its next poll, before anything can say which rank failed and why; litlab's ``World``
+    reports it and ends the ranks instead. Lightning has no switch for the observer, and no public
+    hook runs between the spawn and the observer's start; its ``_run`` (one poll, True = done) is
+    replaced by a poll that is done at once: a write, kept here, because it cannot be done publicly."""
+    for thread in threading.enumerate():
+        if isinstance(thread, _ChildProcessObserver):
+            thread._run = lambda: True
+
+
+def raise_sigterm_after_this_batch(trainer: L.Trainer) -> None:
+    """Makes Lightning stop as on SIGTERM: it raises ``SIGTERMException`` at the end of the batch in
+    progress (after its scheduler step, progress counters and logger saves), or at the epoch's end
+    (after the epoch-end checkpoints). Lightning does so only on its own flag
+    (``trainer.received_sigterm``, a read-only property); raising the exception from a hook would
+    skip that bookkeeping, and ``trainer.should_stop`` runs a validation and ends the fit as finished.
+    A write, kept here, because it cannot be done publicly."""
+    trainer._signal_connector.received_sigterm = True
+
+
+def cluster_environment(trainer: L.Trainer) -> Any:
+    """The cluster environment the Trainer detected (SLURMEnvironment under Slurm, with its requeue
+    signal). A multi-device strategy has it as ``strategy.cluster_environment``; a single-device
+    strategy has none, and only the Trainer's accelerator connector keeps it."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return environment if environment is not None else trainer._accelerator_connector.cluster_environment
+
+
+def last_global_step_saved(callback: ModelCheckpoint) -> int:
+    """The global step at which a ModelCheckpoint last saved (0 before any): the check Lightning's own
+    callback uses to skip saving twice at one step. Its public paths say what it saved, not when."""
+    return callback._last_global_step_saved
+
+
+def train_loader_states_pending(trainer: L.Trainer) -> bool:
+    """Whether a resumed fit still holds train-loader positions from the checkpoint that it has not
+    loaded into a loader: Lightning loads them only when it builds the loader, and keeps them privately."""
+    return bool(trainer.fit_loop._combined_loader_states_to_load)
+
+
+def rebuild_train_loader(trainer: L.Trainer) -> None:
+    """Drops the train loader Lightning built, so that the epoch's setup builds it again and loads the
+    pending saved positions into it (``FitLoop.setup_data``). Lightning builds it early, before the
+    checkpoint is restored, when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``,
+    and then never loads the positions; it has no public way to build the loader again (its
+    ``reload_dataloaders_every_n_epochs`` would rebuild it every epoch). A write, kept here, because it
+    cannot be done publicly."""
+    trainer.fit_loop._combined_loader = None
+
+
+def redact_initial_hyperparameters(module: Any, redact: Any) -> None:
+    """Replaces what ``save_hyperparameters`` recorded for the loggers (``hparams_initial``, which
+    Lightning logs to every logger when fitting starts) by ``redact(recorded)``, leaving the module's
+    ``hparams`` as they are. ``hparams_initial`` is a read-only property, and calling
+    ``save_hyperparameters`` again would change ``hparams`` too. A write, kept here, because it
+    cannot be done publicly."""
+    if getattr(module, "_hparams_initial", None):
+        module._hparams_initial = redact(module._hparams_initial)
+
+
+def wandb_run_started(logger: Any) -> bool:
+    """Whether a WandbLogger has started its run: its public ``experiment`` property starts one."""
+    return logger._experiment is not None

@@ -1,0 +1,228 @@
+"""litlab.library_internals against the installed Lightning and torch: each private attribute or
+function it uses exists and does what the engine relies on, so an upgrade that changes one fails here."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from litlab import library_internals as internals
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    options = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": tmp_path,
+    }
+    return L.Trainer(**{**options, **kwargs})
+
+
+def test_foreach_norm_gives_each_tensors_norm_in_the_asked_dtype() -> None:
+    tensors = [torch.tensor([3.0, 4.0], dtype=torch.bfloat16), torch.tensor([float("inf")])]
+    norms = internals.foreach_norm(tensors, 2, dtype=torch.float32)
+    assert [n.dtype for n in norms] == [torch.float32, torch.float32]
+    assert norms[0].item() == 5.0 and norms[1].item() == float("inf")
+
+
+def test_foreach_copy_copies_in_place() -> None:
+    targets, sources = [torch.zeros(2), torch.zeros(3)], [torch.ones(2), torch.full((3,), 2.0)]
+    kept = [t.data_ptr() for t in targets]
+    internals.foreach_copy_(targets, sources)
+    assert [t.tolist() for t in targets] == [[1.0, 1.0], [2.0, 2.0, 2.0]]
+    assert [t.data_ptr() for t in targets] == kept
+
+
+def test_format_summary_table_takes_totals_then_columns() -> None:
+    table = internals.format_summary_table(
+        10, 8, 0.04, {"train": 2, "eval": 0}, 0, (" ", ["0"]), ("Name", ["net"]), ("FLOPs", ["0"])
+    )
+    assert "net" in table and "FLOPs" in table and "Trainable params" in table
+
+
+def test_default_store_is_the_one_the_group_was_created_with(tmp_path) -> None:
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        before = store.num_keys()
+        default = internals.default_store()
+        default.set("litlab/check", "seen")
+        assert default.get("litlab/check") == b"seen"
+        assert store.num_keys() == before + 1  # written through to the store the group was given
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_default_backend_and_timeout_of_a_ddp_strategy() -> None:
+    assert internals.default_process_group_backend(torch.device("cpu")) == "gloo"
+    strategy = DDPStrategy(timeout=datetime.timedelta(seconds=42))
+    assert internals.process_group_timeout(strategy) == datetime.timedelta(seconds=42)
+    assert strategy.process_group_backend is None  # until the group is set up: the default applies
+
+
+def test_a_disarmed_observer_kills_nothing_when_a_child_failed() -> None:
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed.wait()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # Lightning's observer, watching a failed child, would SIGKILL the bystander (as its "main process").
+        observer = _ChildProcessObserver(main_pid=bystander.pid, child_processes=[failed], sleep_period=1)
+        observer.start()
+        internals.disarm_child_process_observers()
+        observer.join(timeout=30)
+        assert not observer.is_alive()
+        assert bystander.poll() is None, "the observer killed the process it watches over"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_an_armed_observer_kills_when_a_child_failed() -> None:
+    """The other half: what disarming prevents still happens in this Lightning version."""
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed.wait()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    observer = _ChildProcessObserver(main_pid=bystander.pid, child_processes=[failed], sleep_period=0)
+    observer.start()
+    observer.join(timeout=30)
+    assert bystander.wait(timeout=30) == -signal.SIGKILL
+
+
+class _StopAtBatch(Callback):
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == self.batch:
+            internals.raise_sigterm_after_this_batch(trainer)
+
+
+def test_lightning_raises_sigterm_after_the_batch_in_progress(tmp_path) -> None:
+    trainer = _trainer(tmp_path, max_steps=10, callbacks=[_StopAtBatch(2)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(BoringModel())
+    assert trainer.global_step == 3  # the batch in progress finished, and no other began
+    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == 3
+
+
+def test_cluster_environment_single_device_and_under_slurm(tmp_path, monkeypatch) -> None:
+    assert isinstance(internals.cluster_environment(_trainer(tmp_path)), LightningEnvironment)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    monkeypatch.setenv("SLURM_NODELIST", "localhost")
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    environment = internals.cluster_environment(_trainer(tmp_path))
+    assert isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None
+
+
+def test_last_global_step_saved(tmp_path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    assert internals.last_global_step_saved(checkpoint) == 0
+    trainer = _trainer(tmp_path, max_steps=5, enable_checkpointing=True, callbacks=[checkpoint])
+    trainer.fit(BoringModel())
+    assert internals.last_global_step_saved(checkpoint) == 4  # every 2 steps
+
+
+class _CountedLoader(torch.utils.data.DataLoader):
+    """A loader whose saved position says how many batches it gave; load_state_dict records it."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.randn(16, 32), batch_size=2)
+        self.given = 0
+        self.loaded: dict | None = None
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.given += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"given": self.given}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded = state
+
+
+class _SizesItsScheduleEarly(BoringModel):
+    """Reads estimated_stepping_batches in configure_optimizers: with max_epochs, Lightning builds the
+    loader for it, early."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaders: list[_CountedLoader] = []
+
+    def train_dataloader(self):
+        self.loaders.append(_CountedLoader())
+        return self.loaders[-1]
+
+    def configure_optimizers(self):
+        assert self.trainer.estimated_stepping_batches > 0
+        return super().configure_optimizers()
+
+
+class _Rebuild(Callback):
+    def __init__(self) -> None:
+        self.pending: bool | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.pending = internals.train_loader_states_pending(trainer)
+        if self.pending:
+            internals.rebuild_train_loader(trainer)
+
+
+def test_an_early_built_train_loader_is_rebuilt_with_its_saved_position(tmp_path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="step3", every_n_train_steps=3)
+    first = _trainer(
+        tmp_path, max_epochs=1, limit_val_batches=0, enable_checkpointing=True, callbacks=[checkpoint]
+    )
+    first.fit(_SizesItsScheduleEarly())
+
+    model, rebuild = _SizesItsScheduleEarly(), _Rebuild()
+    resumed = _trainer(tmp_path, max_epochs=1, limit_val_batches=0, callbacks=[rebuild])
+    resumed.fit(model, ckpt_path=tmp_path / "step3.ckpt")
+    assert rebuild.pending is True
+    assert len(model.loaders) == 2, "the loader was not built again"
+    assert model.loaders[0].loaded is None  # Lightning's early loader: the saved position never reached it
+    assert model.loaders[1].loaded is not None and model.loaders[1].loaded["given"] >= 3
+    assert internals.train_loader_states_pending(resumed) is False
+
+
+class _Remembers(BoringModel):
+    def __init__(self, password: str = "hunter2", width: int = 32) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_redacted_initial_hyperparameters_reach_loggers_not_the_module() -> None:
+    module = _Remembers()
+    internals.redact_initial_hyperparameters(module, lambda values: {**values, "password": "***"})
+    assert module.hparams_initial == {"password": "***", "width": 32}  # what Lightning logs
+    assert module.hparams == {"password": "hunter2", "width": 32}
+
+
+def test_wandb_run_started_is_false_until_the_experiment_is_touched(tmp_path) -> None:
+    pytest.importorskip("wandb")
+    logger = WandbLogger(save_dir=tmp_path, offline=True, mode="disabled")
+    assert internals.wandb_run_started(logger) is False
+    logger.experiment  # noqa: B018  (the property starts the run)
+    assert internals.wandb_run_started(logger) is True
