@@ -1,3 +1,4 @@
 """Where checkpoints persist (roots), how they are written (checkpoints), the resume decision (resume),
-and one process per run identity (lock).
+one process per run identity (lock), and the S3 filesystem that tries each request once
+(s3_retrying_once).
 """
