@@ -86,7 +86,7 @@ def run_checkpoints(
 class EpochCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, which looks at its step and time triggers after every training
     batch; with neither (``every_n_train_steps``, ``train_time_interval``) it has nothing to look at
-    there, and skips the ~30 Python calls a step that cost (Lightning returns after them too)."""
+    there, and skips the calls that look (Lightning returns after them too; docs/performance.md)."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
