@@ -8,7 +8,7 @@ LOGS ?= $(or $(LITLAB_LOG_DIR),logs)
 PORT ?= 6006
 # pytest-xdist workers for make test / test-fast (one per core, at most 4: DDP tests start 2 ranks each);
 # a test file's tests stay on one worker, so its module fixtures run once; files are handed out in
-# collection order, slow files first (tests/conftest.py).
+# collection order: slow files, then the other integration files, then the unit files (tests/conftest.py).
 WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
