@@ -434,11 +434,13 @@ def hands_over(env: dict[str, str]) -> bool:
     return "LITLAB_SWEEP_JOB" in env and not any(k in env for k in _RANK_VARIABLES)
 
 
-def run_job_warm(setting: str) -> None:
+def run_job_warm(setting: str, argv: list[str]) -> None:
     """In the process of a litlab command, before it imports anything: if it is a sweep job's or a
     Lightning rank's (``hands_over``), run the command as a warm child and exit as it did. Returns
     (the command runs cold) otherwise, and when the server of this environment cannot start.
-    ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py)."""
+    ``setting``: ``FOLDER:OWNER_PID`` (LITLAB_TEST_WARM_JOBS, from tests/conftest.py); ``argv``: the
+    command after the interpreter, without its ``-u`` (the child writes unbuffered as the server
+    does, PYTHONUNBUFFERED)."""
     env = dict(os.environ)
     if not hands_over(env):
         return
@@ -450,8 +452,7 @@ def run_job_warm(setting: str) -> None:
         return
     stand_in_read, stand_in_write = os.pipe()
     request = {
-        # Without `-u` (torchrun's): the child writes unbuffered as the server does (PYTHONUNBUFFERED).
-        "argv": sys.orig_argv[2:] if sys.orig_argv[1:2] == ["-u"] else sys.orig_argv[1:],
+        "argv": argv,
         "env": env,
         "cwd": os.getcwd(),
         "new_session": True,  # the child's group: itself and its ranks, as the pool's job has

@@ -20,5 +20,5 @@ if os.environ.get("LITLAB_TEST_WARM_JOBS") and (
     )
     _warm = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_warm)
-    _warm.run_job_warm(os.environ["LITLAB_TEST_WARM_JOBS"])  # returns only when the job runs cold
+    _warm.run_job_warm(os.environ["LITLAB_TEST_WARM_JOBS"], _argv)  # returns only when the job runs cold
     del _spec, _warm
