@@ -29,11 +29,12 @@ RUN groupadd --gid 1000 litlab \
 USER 1000:1000
 WORKDIR /home/litlab/app
 
-# Editable install: litlab finds configs/ next to src/ (preflight.CONFIG_DIR), as in a checkout.
+# A plain (non-editable) install: the wheel carries the engine's config groups and configs/
+# (through the link src/litlab_configs), so litlab-train works from any directory.
 COPY --chown=1000:1000 pyproject.toml README.md ./
 COPY --chown=1000:1000 src ./src
 COPY --chown=1000:1000 configs ./configs
-RUN pip install -e '.[s3,gcs,sweeps]' \
+RUN pip install './[s3,gcs,sweeps]' \
     && mkdir -p logs
 
 ENTRYPOINT ["litlab-train"]

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from litlab.config import schema
-from litlab.config.preflight import CONFIG_DIR
+from litlab.config.preflight import CONFIG_DIR, ENGINE_CONFIG_DIR
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
 from tests.warm import WarmProcess, WarmStarts
@@ -63,9 +63,18 @@ TINY = [
 ]
 
 
+# Where config groups are read from: the fork's configs/, then the engine's (litlab/conf).
+CONFIG_DIRS = [CONFIG_DIR, ENGINE_CONFIG_DIR]
+
+
 def option_names(group: str) -> list[str]:
-    """The options of a config group: its YAML files."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    """The options of a config group: its YAML files in configs/ and in the engine's groups."""
+    return sorted({p.stem for folder in CONFIG_DIRS for p in (folder / group).glob("*.yaml")})
+
+
+def config_groups() -> set[str]:
+    """The config groups of configs/ and of the engine (their folders; configs/local is gitignored)."""
+    return {p.name for folder in CONFIG_DIRS for p in folder.iterdir() if p.is_dir() and p.name != "local"}
 
 
 def compose_train(overrides: list[str], output_dir: Path, config_name: str = "train") -> DictConfig:
@@ -84,7 +93,7 @@ def compose_train(overrides: list[str], output_dir: Path, config_name: str = "tr
 def train_in_process(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
     """One run in this process, as litlab-train runs it (``train_run`` on the composed config), with
     its run directory ``tmp_path/name`` and logs and storage under ``tmp_path/logs``: its summary.json."""
-    from litlab.cli.train import train_run
+    from litlab.cli.api import train_run
 
     run_dir = tmp_path / name
     run_dir.mkdir(parents=True)

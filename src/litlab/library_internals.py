@@ -110,3 +110,12 @@ def redact_initial_hyperparameters(module: Any, redact: Any) -> None:
 def wandb_run_started(logger: Any) -> bool:
     """Whether a WandbLogger has started its run: its public ``experiment`` property starts one."""
     return logger._experiment is not None
+
+
+def hydra_job_callbacks(cfg: Any) -> Any:
+    """The ``hydra.callbacks`` of ``cfg`` as Hydra calls them around a job. ``litlab.train`` runs one
+    job of a config it composed with Hydra's public ``run_job``, whose context wants them; Hydra
+    exports no public constructor for them."""
+    from hydra._internal.callbacks import Callbacks
+
+    return Callbacks(cfg)

@@ -1,4 +1,5 @@
-"""``make rename NAME=...`` renames your package only, and a fork keeps merging the engine's fixes."""
+"""``make rename NAME=...`` renames your package only, a fork keeps merging the engine's fixes, and a
+plain ``pip install .`` of it trains from any directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import REPO, TINY, ok, run_dirs, summary
 
@@ -25,9 +27,12 @@ def copy_of_the_project(target: Path) -> Path:
         capture_output=True,
         check=True,
     ).stdout.decode()
-    for name in (n for n in listed.split("\0") if n and (REPO / n).is_file()):
+    for name in (n for n in listed.split("\0") if n and (REPO / n).exists()):
         (target / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, target / name)
+        if (REPO / name).is_symlink():  # src/litlab_configs -> ../configs
+            (target / name).symlink_to(os.readlink(REPO / name))
+        elif (REPO / name).is_file():
+            shutil.copy2(REPO / name, target / name)
     return target
 
 
@@ -58,6 +63,21 @@ def train(project: Path, env: dict[str, str], *overrides: str) -> subprocess.Com
         [sys.executable, "-m", "litlab.cli.train", *overrides, *TINY],
         cwd=project, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+def installed_plainly(project: Path, tmp_path: Path) -> dict[str, str]:
+    """``pip install .`` of ``project``, not editable, into a folder of its own (this test's
+    environment provides the dependencies: a venv of its own would cost minutes); the environment
+    that runs it, whose LITLAB_LOG_DIR is unset so that logs/ is the working directory's."""
+    wheels, target = tmp_path / "wheels", tmp_path / "installed"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    ok(subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), "."],
+                      cwd=project, capture_output=True, text=True, timeout=120))  # fmt: skip
+    (wheel,) = wheels.glob("*.whl")
+    ok(subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
+                      capture_output=True, text=True, timeout=120))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("LITLAB_LOG_DIR", "PYTHONPATH")}
+    return {**env, "PYTHONPATH": str(target)}
 
 
 def git(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -98,7 +118,7 @@ def test_rename_moves_only_your_package_and_the_copy_trains(tmp_path: Path):
 
 
 # What a fork typically commits: its own model and dataset, edits to the example task, an
-# experiment, and another default in train.yaml.
+# experiment, another default in train.yaml, and an option of its own in an engine group.
 FORK_FILES = {
     "src/myproject/vision/wide.py": '''
 """A wider MLP: the fork's own network."""
@@ -146,17 +166,25 @@ _target_: myproject.vision.blobs.BlobsDataModule
 num_samples: 400
 batch_size: 32
 """,
+    "configs/trainer/fork.yaml": """
+# The engine's trainer defaults, and this fork's own logging interval.
+defaults:
+  - default
+  - _self_
+log_every_n_steps: 3
+""",
     "configs/experiment/blobs_wide.yaml": """
 # @package _global_
 defaults:
   - override /data: blobs
   - override /model: wide
+  - override /trainer: fork
 experiment_name: blobs_wide
 """,
 }
 
 
-def test_a_fork_with_its_own_task_merges_an_engine_fix_without_conflicts_and_trains(tmp_path: Path):
+def test_a_fork_merges_upstream_without_conflicts_and_its_plain_install_trains_anywhere(tmp_path: Path):
     project = copy_of_the_project(tmp_path / "fork")
     git(project, "init", "-q", "-b", "main")
     git(project, "add", "-A")
@@ -166,6 +194,7 @@ def test_a_fork_with_its_own_task_merges_an_engine_fix_without_conflicts_and_tra
     # The fork: rename, its own model and dataset, an edited example, an experiment, a new default.
     ok(make_rename(project, "myproject"))
     for name, text in FORK_FILES.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(text.lstrip())
     module = project / "src/myproject/vision/module.py"
     module.write_text(
@@ -178,31 +207,50 @@ def test_a_fork_with_its_own_task_merges_an_engine_fix_without_conflicts_and_tra
     git(project, "add", "-A")
     git(project, "commit", "-qm", "my task")
 
-    # Upstream: a fix in the engine (here: a new line in every run's log).
+    # Upstream: a fix in the engine (here: a new line in every run's log), a changed engine config
+    # option, a docs page and an engine test, each its own commit.
     git(project, "checkout", "-q", "upstream")
-    lifecycle = project / "src/litlab/run/lifecycle.py"
-    fixed = lifecycle.read_text().replace(
-        '    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)\n',
-        '    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)\n'
-        '    log.info("engine fix from upstream is here")\n',
-    )
-    assert fixed != lifecycle.read_text()
-    lifecycle.write_text(fixed)
-    git(project, "commit", "-qam", "an engine fix")
+    upstream = {
+        "src/litlab/run/lifecycle.py": (
+            '    log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)\n',
+            '    log.info("engine fix from upstream is here")\n',
+        ),
+        "src/litlab/conf/trainer/default.yaml": ("gradient_clip_val: null\n", "gradient_clip_val: 7.5\n"),
+        "docs/configs.md": ("## Where the groups live\n", "\nA sentence upstream added.\n"),
+        "tests/unit/test_layers.py": ("from __future__ import annotations\n", "\nUPSTREAM_ADDED = True\n"),
+    }
+    for name, (anchor, added) in upstream.items():
+        path = project / name
+        text = path.read_text()
+        assert anchor in text, name
+        new = (
+            text.replace(anchor, added, 1)
+            if name.endswith(".yaml")
+            else text.replace(anchor, anchor + added, 1)
+        )
+        path.write_text(new)
+        git(project, "commit", "-qam", f"upstream: {name}")
 
     git(project, "checkout", "-q", "main")
     merged = git(project, "merge", "--no-edit", "upstream")
     assert "CONFLICT" not in merged.stdout + merged.stderr
     assert not git(project, "status", "--porcelain").stdout.strip()
 
-    env = runs_from_source(project, tmp_path)
-    ok(train(project, env, "experiment=blobs_wide"))
-    (run,) = run_dirs(tmp_path / "logs")
+    # The merged fork, installed plainly and run from a folder that is not the checkout.
+    env = installed_plainly(project, tmp_path)
+    anywhere = tmp_path / "anywhere"
+    anywhere.mkdir()
+    ok(train(anywhere, env, "experiment=blobs_wide"))
+    (run,) = run_dirs(anywhere / "logs")
     outcome = summary(run)
     assert outcome["status"] == "completed" and outcome["groups"]["model"] == "wide"
+    assert outcome["groups"]["trainer"] == "fork"
     assert outcome["metrics"]["test/acc"] > 0.6  # the blobs are easy: the fork's task really trained
     assert "engine fix from upstream is here" in (run / "train.log").read_text()
-    assert "seed: 7" in (project / "configs/train.yaml").read_text()
+    config = OmegaConf.load(run / ".hydra" / "config.yaml")
+    assert config.seed == 7  # the fork's default
+    assert config.trainer.log_every_n_steps == 3  # the fork's own trainer option
+    assert config.trainer.gradient_clip_val == 7.5  # upstream's changed engine option, under the fork's
 
 
 @pytest.mark.parametrize("bad_name", ["", "My-Project", "torch", "lightning", "os", "litlab", "project"])

@@ -16,8 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.cli import evaluate, quiet, train
 from litlab.cli.paths import check_pasted_paths
-from litlab.config.preflight import CONFIG_DIR
-from tests.conftest import option_names
+from tests.conftest import config_groups, option_names
 
 
 def help_text(main, program: str, *args: str, monkeypatch, capsys) -> str:
@@ -39,9 +38,7 @@ def test_train_help_says_what_it_does_and_lists_only_the_groups_a_user_picks(mon
         .split("\n\n", 1)[0]
         .splitlines()
     }
-    user_groups = sorted(
-        p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "paths", "local")
-    )
+    user_groups = sorted(config_groups() - {"hydra", "paths"})
     assert sorted(listed) == sorted([*user_groups, "hydra/launcher"])
     for group in user_groups:
         assert [o.rstrip("*") for o in listed[group]] == option_names(group)

@@ -15,20 +15,21 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from omegaconf import OmegaConf
 
 from litlab.callbacks.combined import CombinedCallbacks, combinable, parts_of
 from litlab.config import preflight
-from litlab.config.preflight import CONFIG_DIR
+from litlab.config.preflight import ENGINE_CONFIG_DIR
 from litlab.errors import LitlabError
 from litlab.run.build import build_datamodule, build_module, build_trainer
 from litlab.run.lifecycle import Run
 from litlab.storage.checkpoints import AtomicCheckpointIO
 from litlab.storage.roots import RunStorage
 from tests.cifar_files import write_cifar10
-from tests.conftest import REPO, compose_train, option_names
+from tests.conftest import REPO, compose_train, config_groups, option_names
 from tests.image_files import write_image_folder
 
 ENGINE_GROUPS = ["trainer", "strategy", "precision", "callbacks", "storage", "logger", "oom", "debug"]
@@ -48,7 +49,7 @@ def documented_options() -> dict[str, list[str]]:
 
 def test_every_group_has_exactly_the_options_docs_configs_md_lists():
     documented = documented_options()
-    folders = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "local"}  # local: gitignored
+    folders = config_groups()
     assert folders <= documented.keys(), (
         f"groups without a row in docs/configs.md: {folders - documented.keys()}"
     )
@@ -63,7 +64,7 @@ def test_each_precision_option_sets_the_lightning_value_docs_configs_md_lists():
     documented = dict(zip(re.findall(r"`(\w+)`", options), re.findall(r"`([\w-]+)`", values), strict=True))
     assert sorted(documented) == option_names("precision")
     for option, value in documented.items():
-        assert OmegaConf.load(CONFIG_DIR / "precision" / f"{option}.yaml").value == value, option
+        assert OmegaConf.load(ENGINE_CONFIG_DIR / "precision" / f"{option}.yaml").value == value, option
 
 
 # Options of the char_lm example that need each other (its model reads text, not images).
@@ -202,3 +203,18 @@ def test_option_of_your_groups_trains_one_batch(group, option, tmp_path, monkeyp
     assert trainer.global_step == 1
     assert {k for k in trainer.callback_metrics if k.startswith("test/")}, trainer.callback_metrics
     assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_a_file_of_an_engine_group_in_the_forks_configs_overrides_or_adds_an_option(tmp_path):
+    # The fork's config folder comes first on Hydra's search path, the engine's groups after it
+    # (hydra_plugins/litlab_searchpath.py): the same name overrides, a new name adds.
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "default.yaml").write_text("max_epochs: 99\n")
+    (tmp_path / "trainer" / "mine.yaml").write_text("defaults:\n  - gpu\n  - _self_\nmax_epochs: 5\n")
+    (tmp_path / "fork.yaml").write_text("defaults:\n  - trainer: default\n  - _self_\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        assert dict(compose("fork").trainer) == {"max_epochs": 99}
+        gpu = compose("fork", overrides=["trainer=gpu"]).trainer  # the engine's, on the fork's default
+        assert (gpu.accelerator, gpu.benchmark, gpu.max_epochs) == ("gpu", True, 99)
+        mine = compose("fork", overrides=["trainer=mine"]).trainer
+        assert (mine.accelerator, mine.max_epochs) == ("gpu", 5)

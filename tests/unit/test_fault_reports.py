@@ -61,7 +61,7 @@ def test_a_failed_write_names_the_storage_and_later_writes_to_it_are_skipped(tmp
 
 
 def test_s3_requests_are_bounded_as_the_docs_say():
-    # configs/storage/s3.yaml and docs/storage.md: 5 attempts of at most 10 s, backoff <= 1+2+4+8 s.
+    # src/litlab/conf/storage/s3.yaml and docs/storage.md: 5 attempts of at most 10 s, backoff <= 1+2+4+8 s.
     assert retry_bound_s(timeout=10, attempts=5) == 65
     options = storage_options({"root": "s3://bucket/prefix", "max_attempts": 5, "timeout_s": 10})
     config = options["config_kwargs"]

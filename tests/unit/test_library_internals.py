@@ -226,3 +226,25 @@ def test_wandb_run_started_is_false_until_the_experiment_is_touched(tmp_path) ->
     assert internals.wandb_run_started(logger) is False
     logger.experiment  # noqa: B018  (the property starts the run)
     assert internals.wandb_run_started(logger) is True
+
+
+def test_hydra_job_callbacks_call_the_configs_callbacks_around_a_job() -> None:
+    from omegaconf import OmegaConf
+
+    calls = []
+    config = OmegaConf.create({"hydra": {"callbacks": {"noted": {"_target_": f"{__name__}.NotedCallback"}}}})
+    NotedCallback.calls = calls
+    callbacks = internals.hydra_job_callbacks(config)
+    callbacks.on_job_start(config=config, task_function=print)
+    callbacks.on_job_end(config=config, job_return=None)
+    assert calls == ["on_job_start", "on_job_end"]
+
+
+class NotedCallback:
+    calls: list[str] = []
+
+    def on_job_start(self, config, **kwargs) -> None:
+        self.calls.append("on_job_start")
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        self.calls.append("on_job_end")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from litlab.cli.train import train_run
+from litlab.cli.api import train_run
 from litlab.errors import LitlabError
 from litlab.run.build import build_loggers
 from tests.conftest import TINY, compose_train

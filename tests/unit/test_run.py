@@ -1,4 +1,4 @@
-"""One litlab run, in-process: ``litlab.cli.train.train_run`` on a composed config (single device).
+"""One litlab run, in-process: ``litlab.cli.api.train_run`` on a composed config (single device).
 
 What a run writes (summary.json, checkpoints) is checked here without starting a process; the
 tests in tests/integration/ start ``litlab-train`` where the process itself is under test.

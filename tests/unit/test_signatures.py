@@ -20,7 +20,7 @@ import pytest
 from omegaconf import open_dict
 
 from litlab.config import preflight, signatures
-from litlab.config.preflight import CONFIG_DIR
+from litlab.config.preflight import CONFIG_DIR, ENGINE_CONFIG_DIR
 from litlab.config.rules import ConfigError
 from litlab.config.signatures import KEYWORDS_PASSED_ON
 from tests.conftest import REPO, compose_train
@@ -56,6 +56,8 @@ DECORATED = """
         def __init__(self, a, b=1):
             pass
 """
+
+CONFIG_DIRS = [CONFIG_DIR, ENGINE_CONFIG_DIR]  # where the configs are read from (preflight.config_dirs)
 
 
 @pytest.fixture
@@ -100,7 +102,7 @@ def test_an_unknown_key_names_the_key_the_file_and_the_accepted_keys(tmp_path):
     with open_dict(cfg):  # as if configs/model/mlp.yaml said `hiden: 3`
         cfg.model.net.hiden = 3
     with pytest.raises(ConfigError) as error:
-        signatures.check(cfg, ["model=mlp"], [CONFIG_DIR])
+        signatures.check(cfg, ["model=mlp"], CONFIG_DIRS)
     assert str(error.value) == (
         "unknown key 'model.net.hiden' in configs/model/mlp.yaml: project.vision.nets.MLP accepts "
         "image_shape, num_classes, hidden_sizes, dropout"
@@ -119,7 +121,7 @@ def test_a_key_set_on_the_command_line_is_named_as_such(tmp_path):
     with pytest.raises(
         ConfigError, match=r"'optimizer.lrr' on the command line: torch.optim.AdamW accepts params, lr"
     ):
-        signatures.check(cfg, ["+optimizer.lrr=0.1"], [CONFIG_DIR])
+        signatures.check(cfg, ["+optimizer.lrr=0.1"], CONFIG_DIRS)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +136,7 @@ def test_a_key_set_on_the_command_line_is_named_as_such(tmp_path):
     ids=["default", "resnet", "global batch", "scheduler", "experiment"],
 )
 def test_the_shipped_configs_pass(overrides, tmp_path):
-    signatures.check(compose_train(overrides, tmp_path), overrides, [CONFIG_DIR])
+    signatures.check(compose_train(overrides, tmp_path), overrides, CONFIG_DIRS)
 
 
 def test_a_typo_fails_within_a_second_without_importing_torch_or_your_code():
@@ -187,14 +189,14 @@ def test_a_trainer_typo_names_the_file_the_key_and_every_trainer_argument_litlab
     import lightning
 
     cfg = compose_train([], tmp_path)
-    cfg.trainer.max_epoch = 3  # as if configs/trainer/default.yaml said `max_epoch: 3`
+    cfg.trainer.max_epoch = 3  # as if the engine's trainer/default.yaml said `max_epoch: 3`
     accepted = [
         k for k in inspect.signature(lightning.Trainer).parameters if k not in signatures.SET_BY_LITLAB
     ]
     with pytest.raises(ConfigError) as error:
         preflight.check_train_config(cfg, [])
     assert str(error.value) == (
-        f"unknown key 'trainer.max_epoch' in {_shown(CONFIG_DIR)}/trainer/default.yaml: "
+        f"unknown key 'trainer.max_epoch' in {_shown(ENGINE_CONFIG_DIR)}/trainer/default.yaml: "
         f"lightning.Trainer accepts {', '.join(accepted)}"
     )
     assert "sync_batchnorm" in accepted and "callbacks" not in accepted
@@ -338,7 +340,7 @@ def test_any_trainer_argument_reaches_lightning_trainer(tmp_path, monkeypatch):
 )
 def test_the_engine_groups_are_checked_against_their_target(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as error:
-        signatures.check(compose_train(overrides, tmp_path), overrides, [CONFIG_DIR])
+        signatures.check(compose_train(overrides, tmp_path), overrides, CONFIG_DIRS)
     assert str(error.value).startswith(message)
 
 

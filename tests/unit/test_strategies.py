@@ -20,7 +20,7 @@ import pytest
 from omegaconf import DictConfig
 
 from litlab.callbacks.nonfinite import NonFiniteLoss
-from litlab.cli.train import train_run
+from litlab.cli.api import train_run
 from litlab.config.rules import ACCELERATORS
 from litlab.errors import LitlabError
 from litlab.run.build import build_strategy

@@ -36,30 +36,43 @@ from litlab.run.identity import run_identity
 from litlab.storage import lock, roots
 
 
-def check_or_exit(config_name: str, args: list[str]) -> None:
+def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
+    """The config ``litlab-<config_name> ARGS`` runs, checked, or exit 2 with one line. None where
+    Hydra's own flags or a sweep leave the checks to Hydra and the sweep's jobs."""
     if any(arg.startswith("-") for arg in args) or os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return  # Hydra's own flags (-m, --cfg, --help...), or the user asked for Hydra's full errors
+        return None  # Hydra's own flags (-m, --cfg, --help...), or the user asked for Hydra's full errors
     try:
-        overrides = OverridesParser.create().parse_overrides(args)
-    except OverrideParseException as error:
-        _exit(
-            f"malformed override '{error.override}': {_first_line(error.message)} (see --help for the syntax)"
-        )
-    if any(o.is_sweep_override() for o in overrides):
-        return
+        if any(o.is_sweep_override() for o in parsed_overrides(args)):
+            return None
+        return checked_config(config_name, args)
+    except rules.ConfigError as error:
+        _exit(str(error))
+        return None
+
+
+def checked_config(config_name: str, args: list[str]) -> DictConfig:
+    """The config ``litlab-<config_name> ARGS`` runs, composed (with its ``hydra`` node) and checked;
+    raises ConfigError with the one line the command prints."""
+    overrides = parsed_overrides(args)
     for override in overrides:
         if not override.key_or_group:
-            _exit(f"malformed override '{override.input_line}': the key before '=' is missing")
+            raise rules.ConfigError(
+                f"malformed override '{override.input_line}': the key before '=' is missing"
+            )
     schema.register()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=config_name):
             cfg = compose(config_name, overrides=args, return_hydra_config=True)
     except MissingConfigException as error:
-        _exit(_missing_option_message(error))
+        raise rules.ConfigError(_missing_option_message(error)) from None
     except (HydraException, OmegaConfBaseException) as error:
-        _exit(_user_group_key_message(config_name, args, error) or composition_message(error))
+        raise rules.ConfigError(
+            _user_group_key_message(config_name, args, error) or composition_message(error)
+        ) from None
     except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
-        _exit(f"malformed override: {_first_line(str(error))} (see --help for the syntax)")
+        raise rules.ConfigError(
+            f"malformed override: {_first_line(str(error))} (see --help for the syntax)"
+        ) from None
     # A sweep file (hydra.mode: MULTIRUN) is checked on its base config: a bad value all its jobs
     # share fails here once; values its sweeper varies are checked by each job.
     try:
@@ -68,15 +81,24 @@ def check_or_exit(config_name: str, args: list[str]) -> None:
             check_storage_and_resume(cfg)
         else:
             rules.check_eval(cfg)
-    except (rules.ConfigError, roots.StorageError) as error:
-        _exit(str(error))
+    except roots.StorageError as error:
+        raise rules.ConfigError(str(error)) from None
     except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
-        _exit(f"'{error.full_key}' has no value: set it, or choose an option of its group")
+        raise rules.ConfigError(
+            f"'{error.full_key}' has no value: set it, or choose an option of its group"
+        ) from None
     if config_name == "train" and cfg.hydra.mode != RunMode.MULTIRUN:  # a sweep's jobs build their own
-        try:
-            build_on_the_side(cfg)
-        except rules.ConfigError as error:
-            _exit(str(error))
+        build_on_the_side(cfg)
+    return cfg
+
+
+def parsed_overrides(args: list[str]) -> list:
+    try:
+        return OverridesParser.create().parse_overrides(args)
+    except OverrideParseException as error:
+        raise rules.ConfigError(
+            f"malformed override '{error.override}': {_first_line(error.message)} (see --help for the syntax)"
+        ) from None
 
 
 def build_on_the_side(cfg: DictConfig) -> None:

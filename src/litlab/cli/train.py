@@ -11,10 +11,12 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
 from litlab.cli import quiet
+from litlab.cli.api import run_checked, train_run
 from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
 from litlab.cli.preflight import check_or_exit
@@ -35,40 +37,22 @@ def train(cfg: DictConfig) -> float | None:
     return train_run(cfg)
 
 
-def train_run(cfg: DictConfig) -> float | None:
-    """One run: build, fit, test, summary.json; returns the metric sweepers optimise."""
-    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
-    from litlab.launch.ranks import adopt_submitit_local_ranks
-    from litlab.logs import route_lightning_logs_to_root
-    from litlab.run import oom
-    from litlab.run.build import build
-    from litlab.run.ending import one_line_errors
-    from litlab.run.lifecycle import finish, prepare_run
-
-    route_lightning_logs_to_root()  # Lightning's lines into train.log, rank-prefixed
-    quiet.drop_known_noise()  # again: a sweep restores the warning filters after every job
-    adopt_submitit_local_ranks()  # a submitit local job's tasks become ranks, as under Slurm
-    # one_line_errors: a problem the user can fix is one line on stderr, no traceback; prepare_run:
-    # seed, identity, storage, resume decision, and the run's lock, held until the block ends.
-    with one_line_errors(), prepare_run(cfg) as run:
-        if run.completed:  # the same command after the run finished: nothing left to train
-            return run.stored_metric(cfg.optimized_metric)
-        with garbage_collection.existing_objects_frozen():  # no full-collection pauses while training
-            trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
-        with run.recording_failure(cfg, trainer):
-            return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
-
-
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # resume=PATH that Hydra cannot parse: how to quote it
+    args = sys.argv[1:]
+    checked = None
     if SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
-        check_or_exit("train", sys.argv[1:])
-    sys.argv[1:] = ranks.with_agreed_run_dir("train", sys.argv[1:])  # torchrun: rank 0's run directory
+        checked = check_or_exit("train", args)
+    sys.argv[1:] = ranks.with_agreed_run_dir("train", args)  # torchrun: rank 0's run directory
     try:
-        train()
+        one_run = checked is not None and checked.hydra.mode != RunMode.MULTIRUN  # no sweep file either
+        if one_run and sys.argv[1:] == args:
+            run_checked(checked, one_line_exit=True)  # the checked config, not composed again
+        else:
+            train()  # Hydra's flags, a sweep, a sweep's job, a torchrun rank: Hydra's own main
     finally:
         garbage_collection.skip_collection_at_exit()
 

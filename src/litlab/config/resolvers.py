@@ -35,7 +35,7 @@ def register() -> None:
         OmegaConf.register_new_resolver(
             "litlab_direction", lambda mode: {"min": "minimize"}.get(mode, "maximize")
         )
-    # configs/hydra/launcher/submitit_local.yaml takes the plugin's own name on purpose, so Hydra
+    # src/litlab/conf/hydra/launcher/submitit_local.yaml takes the plugin's own name on purpose, so Hydra
     # validates it against the plugin's schema of that name, and warns that such matching is
     # deprecated. The match is what we want; the warning would print on every such multirun.
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_local' is validated against")

@@ -1,5 +1,5 @@
 """The config groups that ``--help`` lists, through the ``litlab_config_groups`` resolver of Hydra's help
-template (configs/hydra/help/).
+template (src/litlab/conf/hydra/help/).
 
 The groups a user picks, with their options and the chosen one marked ``*``, read from the config
 search path only when help is asked for: a group or option added to configs/ shows up by itself.

@@ -1,4 +1,4 @@
-"""The Hydra callback that ends every multirun with its report (configs/hydra/default.yaml).
+"""The Hydra callback that ends every multirun with its report (src/litlab/conf/hydra/default.yaml).
 
 Nothing here imports torch or matplotlib at import time: Hydra instantiates the callback in every run.
 """

@@ -1,4 +1,4 @@
-"""What litlab adds to Lightning's loggers (configs/logger/): sweep grouping, final metrics, clear errors.
+"""What litlab adds to Lightning's loggers (litlab/conf/logger/): sweep grouping, final metrics, clear errors.
 
 A sweep job's MLflow run is tagged with its sweep and its W&B run grouped by it; after the test every
 logger gets the summary's metrics as ``final/<name>``; MLflow's tracking URI loses its user-info to

@@ -1,6 +1,6 @@
 """Checkpoint policy: Lightning's ModelCheckpoint, arranged so that a run can always be resumed.
 
-``run_checkpoints`` turns configs/callbacks/checkpoint.yaml into callbacks: the best ``save_top_k``,
+``run_checkpoints`` turns src/litlab/conf/callbacks/checkpoint.yaml into callbacks: the best ``save_top_k``,
 ``last.ckpt`` from a ModelCheckpoint of its own (Lightning's ``save_last`` goes stale once the metric
 stops improving), and preempted.ckpt on SIGTERM (``PreemptionCheckpoint``). ``AtomicCheckpointIO``
 makes every write all-or-nothing; a failed write is ``StorageFailed``, one line. docs/storage.md.

@@ -1,0 +1,61 @@
+"""``litlab.train`` and ``litlab.compose``: a run as a Python function, in this process, with what
+``litlab-train`` gives (run directory, .hydra/, train.log, storage, resume) and its summary returned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import litlab
+from litlab.config.rules import ConfigError
+from tests.conftest import TINY
+
+
+def overrides(tmp_path: Path, name: str = "run", *more: str) -> list[str]:
+    return [
+        *TINY,
+        "model=mlp",
+        f"paths.log_dir={tmp_path / 'logs'}",
+        f"hydra.run.dir={tmp_path / name}",
+        *more,
+    ]
+
+
+def test_train_returns_the_summary_and_a_second_call_finds_the_completed_run(tmp_path):
+    summary = litlab.train(overrides(tmp_path))
+    assert summary["status"] == "completed" and summary["groups"]["model"] == "mlp"
+    assert 0.0 <= summary["metrics"]["test/acc"] <= 1.0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    assert (tmp_path / "run" / ".hydra" / "config.yaml").is_file()
+    assert "test/acc" in (tmp_path / "run" / "train.log").read_text()
+
+    again = litlab.train(overrides(tmp_path, "again"))  # the same command: the run is already complete
+    assert again["status"] == "completed" and again["metrics"] == summary["metrics"]
+    assert "already completed" in (tmp_path / "again" / "train.log").read_text()
+
+
+def test_a_composed_config_can_be_changed_before_it_trains(tmp_path):
+    cfg = litlab.compose(overrides(tmp_path))
+    assert cfg.trainer.max_epochs == 1 and cfg.model.net._target_.endswith("MLP")
+    cfg.trainer.max_epochs = 2
+    summary = litlab.train(cfg)
+    assert summary["status"] == "completed" and summary["epochs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (["model=mlpp"], "'mlpp' is not an option of group 'model': choose one of"),
+        (["trainer.max_epoch=3"], "unknown key 'trainer.max_epoch'"),
+        (["precision=fp32,bf16"], "is a sweep: litlab.train trains one run"),
+        (["trainer.devices=2", "strategy=ddp"], "trainer.devices=2 trainer.num_nodes=1: litlab.train trains"),
+    ],
+)
+def test_bad_input_raises_the_commands_one_line_and_writes_nothing(bad, message, tmp_path):
+    with pytest.raises(ConfigError, match="^" if message.startswith("'") else "") as error:
+        litlab.train(overrides(tmp_path, "run", *bad))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+    assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]  # no run, no checkpoint
