@@ -91,14 +91,19 @@ def compose_train(overrides: list[str], output_dir: Path, config_name: str = "tr
 
 
 def train_in_process(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
-    """One run in this process, as litlab-train runs it (``train_run`` on the composed config), with
-    its run directory ``tmp_path/name`` and logs and storage under ``tmp_path/logs``: its summary.json."""
-    from litlab.cli.api import train_run
+    """One run in this process, as litlab-train runs it (``litlab.train``), with its run directory
+    ``tmp_path/name`` and logs and storage under ``tmp_path/logs``: its summary.json."""
+    import litlab
 
-    run_dir = tmp_path / name
-    run_dir.mkdir(parents=True)
-    train_run(compose_train([f"paths.log_dir={tmp_path / 'logs'}", *overrides], run_dir))
-    return json.loads((run_dir / "summary.json").read_text())
+    where = [f"paths.log_dir={tmp_path / 'logs'}", f"hydra.run.dir={tmp_path / name}"]
+    return litlab.train([*where, *overrides])
+
+
+def logged(run_dir: Path, text: str, level: str = "") -> list[str]:
+    """The messages of the run's train.log lines that contain ``text`` (at ``level``, e.g. WARNING),
+    without the lines' ``[time][rank][logger][level]`` prefix."""
+    lines = (run_dir / "train.log").read_text().splitlines()
+    return [line.split("] ", 1)[-1] for line in lines if text in line and f"[{level}" in line]
 
 
 @pytest.fixture

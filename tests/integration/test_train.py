@@ -13,41 +13,6 @@ import pytest
 from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, summary
 
 
-def test_overrides_reach_the_trainer_and_the_summary(log_dir):
-    ok(
-        litlab(
-            "litlab-train",
-            "model=mlp",
-            "precision=bf16",
-            "trainer.max_epochs=3",
-            "trainer.limit_train_batches=8",
-            "trainer.accumulate_grad_batches=4",
-            "data.batch_size=32",
-            "logger=csv",
-        )
-    )
-    (run,) = run_dirs(log_dir)
-    result = summary(run)
-    assert result["groups"]["model"] == "mlp"
-    assert result["precision"] == {"requested": "bf16-mixed", "effective": "bf16-mixed"}
-    assert (result["micro_batch_size"], result["accumulate_grad_batches"]) == (32, 4)
-    assert result["effective_batch_size"] == 128
-    assert result["epochs"] == 3
-    assert result["global_step"] == 3 * 2  # 8 batches per epoch / accumulation 4
-    assert result["versions"]["lightning"] and result["versions"]["torch"]
-    assert (run / ".hydra" / "overrides.yaml").is_file()
-    train_log = (run / "train.log").read_text()
-    assert "[rank 0]" in train_log and "effective batch 128" in train_log
-    assert (run / "csv" / "metrics.csv").is_file()
-
-
-def test_global_batch_size_derives_the_micro_batch(log_dir):
-    ok(litlab("litlab-train", "global_batch_size=96", "trainer.accumulate_grad_batches=3", *TINY))
-    (run,) = run_dirs(log_dir)
-    result = summary(run)
-    assert (result["micro_batch_size"], result["effective_batch_size"]) == (32, 96)
-
-
 @pytest.mark.slow
 def test_ddp_with_two_ranks_writes_one_run_directory_and_trains_compiled(log_dir):
     # One run checks both: what two ranks write, and compile=true under DDP, where Lightning calls the

@@ -15,7 +15,7 @@ import torch
 from litlab.callbacks.history import count_spikes
 from litlab.run import doctor
 from litlab.run.summary import Summary
-from tests.conftest import train_in_process
+from tests.conftest import logged, train_in_process
 
 # No logger, checkpoints or test: the findings need only the training and its validation.
 QUIET = [
@@ -59,24 +59,23 @@ def test_a_healthy_default_run_has_no_finding_and_a_full_history(tmp_path, caplo
     assert summary["input_wait"]["share"] < doctor.INPUT_BOUND_SHARE
 
 
-def test_a_large_net_on_a_tiny_train_split_is_found_overfitting(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="litlab"):
-        summary = train_in_process(
-            tmp_path,
-            *QUIET,
-            "model=mlp",
-            "model.net.hidden_sizes=[512,512]",
-            "model.net.dropout=0",
-            "data.val_fraction=0.5",  # 10% of the digits to train on
-            "data.test_fraction=0.4",
-            "data.batch_size=32",
-            "optimizer.lr=0.01",
-            "trainer.max_epochs=10",
-            "optimized_metric=val/loss",
-            "optimized_metric_mode=min",
-        )
+def test_a_large_net_on_a_tiny_train_split_is_found_overfitting(tmp_path):
+    summary = train_in_process(
+        tmp_path,
+        *QUIET,
+        "model=mlp",
+        "model.net.hidden_sizes=[512,512]",
+        "model.net.dropout=0",
+        "data.val_fraction=0.5",  # 10% of the digits to train on
+        "data.test_fraction=0.4",
+        "data.batch_size=32",
+        "optimizer.lr=0.01",
+        "trainer.max_epochs=10",
+        "optimized_metric=val/loss",
+        "optimized_metric_mode=min",
+    )
     assert symptoms(summary) == ["overfitting"]
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("doctor:")]
+    (line,) = logged(tmp_path / "run", "doctor:")
     assert line.startswith("doctor: overfitting: val/loss was best at epoch") and "early_stopping" in line
     losses = [entry["metrics"]["val/loss"] for entry in summary["history"]]
     assert losses[-1] > min(losses)  # what the finding says holds in the run's own numbers

@@ -30,7 +30,7 @@ from litlab.launch.search import (
     study_name_of,
     within_budget,
 )
-from tests.conftest import TINY, compose_train, train_in_process
+from tests.conftest import TINY, compose_train, logged, train_in_process
 
 SPACE = {"optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "data.batch_size": "choice(16, 32, 64)"}
 
@@ -376,7 +376,7 @@ def test_a_trial_worse_than_the_median_stops_after_that_validation(tmp_path, mon
     assert trial.state == TrialState.RUNNING  # the sweep tells it, when the job has ended
 
 
-def test_a_study_out_of_reach_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
+def test_a_study_out_of_reach_does_not_stop_the_run(tmp_path, monkeypatch):
     spec = {
         **trial_of_a_study_with_a_good_trial(tmp_path),
         "storage": f"sqlite:///{tmp_path}/no/such/dir/x.db",
@@ -384,4 +384,4 @@ def test_a_study_out_of_reach_does_not_stop_the_run(tmp_path, monkeypatch, caplo
     monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
     summary = train_in_process(tmp_path, *RUN)
     assert summary["status"] == "completed" and summary["pruned_epoch"] is None and summary["epochs"] == 2
-    assert "the run is not pruned" in caplog.text
+    assert logged(tmp_path / "run", "the run is not pruned")
