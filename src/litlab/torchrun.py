@@ -22,6 +22,12 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def shares_agent_store() -> bool:
+    """Whether this torchrun rank can reach the store torchrun's agent serves (not with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, for one)."""
+    return under_torchrun() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def agreed_with_rank_zero(name: str, rank_zero_value: Callable[[], str]) -> str | None:
     """Under torchrun (with its agent's store): ``rank_zero_value()`` as global rank 0 computed it
     in this start of the group, on every rank (rank 0 stores it; the others wait for it). None
@@ -30,7 +36,7 @@ def agreed_with_rank_zero(name: str, rank_zero_value: Callable[[], str]) -> str 
     For what each rank must not decide alone: torchrun starts its ranks at once, each reading shared
     files that rank 0 may be changing (a restarted group once had rank 0 resume and rank 1 start
     fresh, and hung in mismatched collectives)."""
-    if not under_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not shares_agent_store():
         return None
     store = agent_store()
     key = f"litlab/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # one per start of the group

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from litlab.config import usage
 from litlab.config.rules import device_count
 from litlab.logs import global_rank
-from litlab.torchrun import under_torchrun
+from litlab.torchrun import shares_agent_store, under_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def run_stamp(proposal: str) -> str:
     from the job and step ids, which also keeps a requeued job in its run directory. For launchers
     litlab does not know, give every rank the same ``hydra.run.dir``.
     """
-    if under_torchrun() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if under_torchrun() and not shares_agent_store():
         # No shared store to agree through (e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): the rendezvous id is.
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if run_id != "none":

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 
 from litlab.logs import global_rank
-from litlab.torchrun import agent_store, under_torchrun
+from litlab.torchrun import agent_store, shares_agent_store
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def with_agreed_run_dir(config_name: str, args: list[str]) -> list[str]:
     Rank 0 resolves the directory from the config, as Hydra will, and stores it in the store
     torchrun's agent serves; the other ranks wait for it there.
     """
-    if not under_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not shares_agent_store():
         return args
     if any(arg.startswith("-") for arg in args):
         return args
