@@ -97,16 +97,6 @@ def rebuild_train_loader(trainer: L.Trainer) -> None:
     trainer.fit_loop._combined_loader = None
 
 
-def redact_initial_hyperparameters(module: Any, redact: Any) -> None:
-    """Replaces what ``save_hyperparameters`` recorded for the loggers (``hparams_initial``, which
-    Lightning logs to every logger when fitting starts) by ``redact(recorded)``, leaving the module's
-    ``hparams`` as they are. ``hparams_initial`` is a read-only property, and calling
-    ``save_hyperparameters`` again would change ``hparams`` too. A write, kept here, because it
-    cannot be done publicly."""
-    if getattr(module, "_hparams_initial", None):
-        module._hparams_initial = redact(module._hparams_initial)
-
-
 def wandb_run_started(logger: Any) -> bool:
     """Whether a WandbLogger has started its run: its public ``experiment`` property starts one."""
     return logger._experiment is not None

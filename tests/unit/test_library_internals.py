@@ -207,19 +207,6 @@ def test_an_early_built_train_loader_is_rebuilt_with_its_saved_position(tmp_path
     assert internals.train_loader_states_pending(resumed) is False
 
 
-class _Remembers(BoringModel):
-    def __init__(self, password: str = "hunter2", width: int = 32) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-
-
-def test_redacted_initial_hyperparameters_reach_loggers_not_the_module() -> None:
-    module = _Remembers()
-    internals.redact_initial_hyperparameters(module, lambda values: {**values, "password": "***"})
-    assert module.hparams_initial == {"password": "***", "width": 32}  # what Lightning logs
-    assert module.hparams == {"password": "hunter2", "width": 32}
-
-
 def test_wandb_run_started_is_false_until_the_experiment_is_touched(tmp_path) -> None:
     pytest.importorskip("wandb")
     logger = WandbLogger(save_dir=tmp_path, offline=True, mode="disabled")
