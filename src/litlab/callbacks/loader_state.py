@@ -85,7 +85,9 @@ class ResumableLoaderCheck(Callback):
         loaders = CombinedLoader(iterables).flattened
         exact = all(restores_position(loader) for loader in loaders)
         kinds = ", ".join(sorted({type(loader).__name__ for loader in loaders}))
-        if exact and self.positions:
+        # Lightning loads the positions only into a fit that restarts (not one resumed after an epoch
+        # that had finished): the same condition.
+        if exact and self.positions and trainer.fit_loop.restarting:
             took = self._give_saved_positions([loader for loader in loaders if restores_position(loader)])
             if not took and trainer.is_global_zero:
                 log.warning(
