@@ -81,32 +81,6 @@ def last_global_step_saved(callback: ModelCheckpoint) -> int:
     return callback._last_global_step_saved
 
 
-def train_loader_states_pending(trainer: L.Trainer) -> bool:
-    """Whether a resumed fit still holds train-loader positions from the checkpoint that it has not
-    loaded into a loader: Lightning loads them only when it builds the loader, and keeps them privately."""
-    return bool(trainer.fit_loop._combined_loader_states_to_load)
-
-
-def rebuild_train_loader(trainer: L.Trainer) -> None:
-    """Drops the train loader Lightning built, so that the epoch's setup builds it again and loads the
-    pending saved positions into it (``FitLoop.setup_data``). Lightning builds it early, before the
-    checkpoint is restored, when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``,
-    and then never loads the positions; it has no public way to build the loader again (its
-    ``reload_dataloaders_every_n_epochs`` would rebuild it every epoch). A write, kept here, because it
-    cannot be done publicly."""
-    trainer.fit_loop._combined_loader = None
-
-
-def redact_initial_hyperparameters(module: Any, redact: Any) -> None:
-    """Replaces what ``save_hyperparameters`` recorded for the loggers (``hparams_initial``, which
-    Lightning logs to every logger when fitting starts) by ``redact(recorded)``, leaving the module's
-    ``hparams`` as they are. ``hparams_initial`` is a read-only property, and calling
-    ``save_hyperparameters`` again would change ``hparams`` too. A write, kept here, because it
-    cannot be done publicly."""
-    if getattr(module, "_hparams_initial", None):
-        module._hparams_initial = redact(module._hparams_initial)
-
-
 def wandb_run_started(logger: Any) -> bool:
     """Whether a WandbLogger has started its run: its public ``experiment`` property starts one."""
     return logger._experiment is not None

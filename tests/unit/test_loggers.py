@@ -3,7 +3,13 @@ W&B run without a login names the two ways out. (tests/integration/test_loggers.
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
+import lightning as L
 import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger, Logger
 
 from litlab.cli.api import train_run
 from litlab.errors import LitlabError
@@ -45,3 +51,55 @@ def test_a_wandb_run_without_a_login_fails_in_one_line(tmp_path, monkeypatch):
         "WANDB_MODE=offline to keep the runs on this machine (`wandb sync` uploads them later)"
     )
     assert not list((tmp_path / "logs").rglob("*.ckpt"))  # it stopped before training
+
+
+class RecordingLogger(Logger):
+    """A logger class of the user's own (any ``logger.<name>._target_``): it keeps what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hyperparameters: list[dict] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        self.hyperparameters.append(dict(params))
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+
+class _SavesItsSecrets(BoringModel):
+    def __init__(self, password: str = "hunter2", url: str = "http://me:pw@host/db", width: int = 32) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_every_configured_logger_gets_the_hyperparameters_redacted_and_the_module_keeps_them(tmp_path):
+    cfg = compose_train(["logger=csv", f"+logger.mine._target_={__name__}.RecordingLogger"], tmp_path)
+    csv, mine = build_loggers(cfg)
+    assert isinstance(csv, CSVLogger) and type(csv).__name__ == "CSVLogger"
+    assert isinstance(mine, RecordingLogger)
+    module = _SavesItsSecrets()
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, logger=[csv, mine], enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module)
+    redacted = {"password": "***", "url": "http://***@host/db", "width": 32}
+    assert mine.hyperparameters == [redacted]  # what Lightning logs when fitting starts
+    written = (Path(csv.log_dir) / "hparams.yaml").read_text()
+    assert "hunter2" not in written and ":pw@" not in written and "password: '***'" in written
+    assert module.hparams == {"password": "hunter2", "url": "http://me:pw@host/db", "width": 32}
+
+    # strategy=ddp_spawn pickles the loggers into its workers: the copies redact too.
+    copy = pickle.loads(pickle.dumps(mine))
+    assert isinstance(copy, RecordingLogger) and copy.hyperparameters == [redacted]
+    copy.log_hyperparams(module.hparams)
+    assert copy.hyperparameters[-1] == redacted

@@ -257,6 +257,9 @@ def test_a_modules_saved_hyperparameters_are_redacted_where_they_are_logged_and_
     assert SECRET not in everything_written(checkpoint)
     assert checkpoint[RUN_CONFIG_KEY]["config"] == redaction.config
     assert checkpoint["datamodule_hyper_parameters"] == {"password": REDACTED}
+    # What is redacted stays so when redacted again (the loggers redact the redacted config litlab logs).
+    assert redaction.values(redaction.config) == redaction.config
+    assert redaction.values(logged) == logged
 
 
 def test_evaluation_names_a_value_it_cannot_resolve_again(monkeypatch):

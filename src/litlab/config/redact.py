@@ -102,6 +102,8 @@ class Redaction:
         """A credential key's value: ``${oc.env:NAME}`` where the config had exactly that, else ``***``."""
         if value is None:
             return None
+        if isinstance(value, str) and _PURE_ENV_REFERENCE.match(value):
+            return value  # already redacted: it names the variable, not its value
         text = self.environment_values.get(value) if isinstance(value, str) else None
         return text if text is not None and _PURE_ENV_REFERENCE.match(text) else REDACTED
 

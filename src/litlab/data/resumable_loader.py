@@ -79,9 +79,8 @@ class ResumableDataLoader(StatefulDataLoader):
         self._restored_epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._batches()
-
-    def _batches(self) -> Iterator[Any]:
+        # A generator: nothing runs at iter(), so a position loaded after it (the sampler's epoch too)
+        # is taken at the first batch (litlab.callbacks.loader_state).
         epoch = self.sampler.epoch
         if self._restored_epoch is not None and self._restored_epoch != epoch:
             self.next_iter_state = None  # saved in an earlier epoch: this one starts at its first batch

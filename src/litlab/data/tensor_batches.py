@@ -37,8 +37,8 @@ class TensorBatches:
     Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
     i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i),
     never from the global RNG. ``state_dict`` records how many batches of the current epoch were
-    consumed, and ``load_state_dict`` makes the next ``iter()`` continue there. Use it from your
-    datamodule's ``train_dataloader`` (and, unshuffled, for evaluation)::
+    consumed, and ``load_state_dict`` makes the next ``iter()`` continue there (read at its first
+    batch). Use it from your datamodule's ``train_dataloader`` (and, unshuffled, for evaluation)::
 
         return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed)
     """

@@ -38,12 +38,17 @@ from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction, typed_overrides
 from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, warn_about_setup
-from litlab.library_internals import redact_initial_hyperparameters
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.failures import StopTogetherOnSigterm, WatchTheRanks
 from litlab.run.hangs import HangWatch, HeartbeatAfterYourCallbacks
-from litlab.run.loggers import check_wandb_login, credential_arguments, grouping_arguments, missing_package
+from litlab.run.loggers import (
+    check_wandb_login,
+    credential_arguments,
+    grouping_arguments,
+    missing_package,
+    redacting_class,
+)
 from litlab.run.summary import FAILED, Summary, sweep_job
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
@@ -94,7 +99,6 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
-    redact_logged_hyperparameters(redaction, module, data)
     log.info(
         "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
         sizes.micro,
@@ -104,15 +108,6 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
         sizes.effective,
     )
     return trainer, module, data
-
-
-def redact_logged_hyperparameters(redaction: Redaction, *parts: Any) -> None:
-    """What a module's or datamodule's ``save_hyperparameters`` recorded, as Lightning logs it to every
-    logger when fitting starts (``hparams_initial``), without credentials. The checkpoints' copy
-    (``hparams``) is redacted as it is written (``RunConfigInCheckpoint``); the module keeps the real
-    values."""
-    for part in parts:
-        redact_initial_hyperparameters(part, redaction.values)
 
 
 def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:
@@ -283,7 +278,8 @@ def build_profiler(name: str | None) -> Any:
 
 
 def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> L.Trainer:
-    loggers = build_loggers(cfg, run)
+    redaction = redaction or Redaction.of(cfg)
+    loggers = build_loggers(cfg, run, redaction)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers), redaction=redaction)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["profiler"] = build_profiler(trainer_args.get("profiler"))  # simple, advanced, pytorch
@@ -396,8 +392,13 @@ def _record_stop(cfg: DictConfig, trainer: L.Trainer, run: Run, reason: str, sta
     write_summary(cfg, trainer, run, status=status, error=reason)
 
 
-def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
-    """The ``logger`` group's loggers (several at once: ``logger=many`` or ``logger=[csv,mlflow]``)."""
+def build_loggers(
+    cfg: DictConfig, run: Run | None = None, redaction: Redaction | None = None
+) -> list[Any] | bool:
+    """The ``logger`` group's loggers (several at once: ``logger=many`` or ``logger=[csv,mlflow]``),
+    each of its configured class made to log its hyperparameters redacted (``redacting_class``):
+    what the module's and datamodule's ``save_hyperparameters`` recorded holds the real values."""
+    redact = (redaction or Redaction.of(cfg)).values
     loggers = []
     sweep = sweep_job() if HydraConfig.initialized() else None
     for name, logger_cfg in cfg.logger.items():
@@ -414,10 +415,21 @@ def build_loggers(cfg: DictConfig, run: Run | None = None) -> list[Any] | bool:
         }
         with refused_in_one_line(_part_name("logger", name), logger_cfg.get("_target_"), logger_cfg):
             try:
-                loggers.append(instantiate(logger_cfg, **arguments, _convert_="all"))
+                made = instantiate(logger_cfg, **arguments, _convert_="all", _partial_=True)
             except InstantiationException as error:
-                if isinstance(error.__cause__, ImportError):  # Lightning's check for an optional package
+                if isinstance(error.__cause__, ImportError):
                     raise missing_package(name, logger_cfg, error.__cause__) from None
                 raise
+            if not isinstance(made.func, type):
+                raise LitlabError(
+                    f"logger.{name}: _target_ {logger_cfg.get('_target_')} is not a class: name a logger "
+                    "class (litlab subclasses it, so that its hyperparameters reach it redacted)"
+                )
+            try:
+                logger = redacting_class(made.func)(*made.args, **made.keywords)
+            except ImportError as error:  # Lightning's check for an optional package
+                raise missing_package(name, logger_cfg, error) from None
+            logger.redact_hyperparameters = redact
+            loggers.append(logger)
         check_wandb_login(logger_cfg)  # before fit, where wandb.init would fail with a traceback
     return loggers or False

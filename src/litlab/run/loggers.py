@@ -2,13 +2,15 @@
 
 A sweep job's MLflow run is tagged with its sweep and its W&B run grouped by it; after the test every
 logger gets the summary's metrics as ``final/<name>``; MLflow's tracking URI loses its user-info to
-``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; a logger whose package is missing is one
-line. Details: docs/loggers.md.
+``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; every logger's hyperparameters are redacted
+(``redacting_class``); a logger whose package is missing is one line. Details: docs/loggers.md.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,40 @@ def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
         if value is not None and not os.environ.get(name):  # MLflow takes an empty one for none too
             os.environ[name] = value
     return {"tracking_uri": bare}
+
+
+class RedactsHyperparameters:
+    """Put before a logger class: every ``log_hyperparams`` passes ``redact_hyperparameters`` (set on
+    the instance) first. Lightning logs what the module's and datamodule's ``save_hyperparameters``
+    recorded, real values and all, through that method when fitting starts; litlab's own calls (the
+    redacted config, the group choices) pass too, unchanged (redacting is idempotent)."""
+
+    logger_class: type  # the configured class, which this one subclasses
+    redact_hyperparameters: Callable[[Any], Any]
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().log_hyperparams(self.redact_hyperparameters(params), *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # strategy=ddp_spawn pickles the Trainer and its loggers; this class is made at run time, so
+        # a copy is rebuilt from the configured class, which pickles by name.
+        return (_unpickled_logger, (self.logger_class,), self.__getstate__())
+
+
+@functools.cache
+def redacting_class(logger_class: type) -> type:
+    """``logger_class`` with ``RedactsHyperparameters`` in front: an instance of it is an instance of the
+    configured class for Lightning and for every ``isinstance`` check, under the same name."""
+    return type(
+        logger_class.__name__,
+        (RedactsHyperparameters, logger_class),
+        {"__module__": __name__, "__qualname__": logger_class.__qualname__, "logger_class": logger_class},
+    )
+
+
+def _unpickled_logger(logger_class: type) -> Any:
+    kind = redacting_class(logger_class)
+    return kind.__new__(kind)
 
 
 def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:
