@@ -52,8 +52,8 @@ def expected_refusal(strategy: str, accelerator: str) -> str | None:
     """What this machine (CPU only) refuses, by the option to blame."""
     if accelerator in HARDWARE:
         return f"trainer.accelerator={accelerator}"
-    if strategy == "fsdp":
-        return "strategy=fsdp"
+    if strategy in ("fsdp", "ddp_spawn"):
+        return f"strategy={strategy}"
     return None
 
 
@@ -87,6 +87,8 @@ def test_every_combination_builds_or_is_refused_naming_the_options_and_what_to_u
     assert blamed in line and "use " in line, line
     if accelerator in HARDWARE:
         assert HARDWARE[accelerator] in line and "use trainer.accelerator=cpu" in line, line
+    elif strategy == "ddp_spawn":
+        assert "refused" in line and "use strategy=ddp with trainer.devices=N" in line, line
     else:
         assert "needs GPUs" in line and "strategy=ddp" in line, line
 

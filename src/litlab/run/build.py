@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -336,8 +337,9 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         cfg.hang_timeout,
         cfg.preempt_grace,
         run.dir,
-        resume_from=lambda: run.resume_from,
-        record_failure=lambda trainer, reason, status: _record_stop(cfg, trainer, run, reason, status),
+        # Functions of module level, not lambdas: strategy=ddp_spawn pickles the callbacks for its ranks.
+        resume_from=functools.partial(_resume_from, run),
+        record_failure=functools.partial(_record_stop, cfg, run),
     )
     callbacks = [
         run.stats,
@@ -386,7 +388,11 @@ def build_callbacks(
     return combine(callbacks)
 
 
-def _record_stop(cfg: DictConfig, trainer: L.Trainer, run: Run, reason: str, status: str) -> None:
+def _resume_from(run: Run) -> str | None:
+    return run.resume_from
+
+
+def _record_stop(cfg: DictConfig, run: Run, trainer: L.Trainer, reason: str, status: str) -> None:
     from litlab.run.lifecycle import write_summary
 
     write_summary(cfg, trainer, run, status=status, error=reason)
