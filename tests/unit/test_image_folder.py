@@ -7,6 +7,7 @@ import re
 import pytest
 
 from project.vision.image_folder import ImageFolderDataModule
+from tests.conftest import TINY, logged, train_in_process
 from tests.image_files import write_image_folder
 
 
@@ -39,3 +40,15 @@ def test_a_wrong_folder_or_shape_fails_in_the_constructor_in_one_sentence(tmp_pa
     shape = [4, 6, 6] if layout == "bad shape" else [3, 6, 6]
     with pytest.raises(ValueError, match=re.escape(words)):
         ImageFolderDataModule(str(root), image_shape=shape)
+
+
+def test_image_folder_trains_on_png_files_and_counts_its_classes(tmp_path):
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=10, size=8)
+    args = ["data=image_folder", f"data.root={root}", "data.image_shape=[3,8,8]", "data.batch_size=4"]
+    outcome = train_in_process(tmp_path, *args, *TINY)
+    assert outcome["status"] == "completed" and outcome["groups"]["data"] == "image_folder"
+    assert "test/acc" in outcome["metrics"] and outcome["micro_batch_size"] == 4
+    # 30 images: 15% test, 15% val, the rest train; 3 class folders are 3 classes.
+    assert logged(tmp_path / "run", "data image_folder: 22 train, 4 val, 4 test images")
+    assert logged(tmp_path / "run", ", 3 classes,")
+    assert outcome["resume_exact"] is True  # the train loader is the engine's ResumableDataLoader
