@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from litlab import train as litlab_train
 from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, run_dirs, summary
 
 
@@ -83,9 +84,9 @@ def test_training_epoch_metrics_count_every_rank_once(log_dir):
 
 @pytest.mark.slow
 def test_eval_reports_the_test_metric_training_reported(log_dir):
-    ok(litlab("litlab-train", "trainer.max_epochs=1", "trainer.limit_train_batches=6", "logger=none"))
+    # Trained in this process (litlab.train); evaluated by the command, which is the thing under test.
+    trained = litlab_train(["trainer.max_epochs=1", "trainer.limit_train_batches=6", "logger=none"])
     (run,) = run_dirs(log_dir)
-    trained = summary(run)
     # With one epoch the best checkpoint and last.ckpt hold the same weights.
     ok(litlab("litlab-eval", f"ckpt_path={run}/checkpoints/last.ckpt"))
     (evaluation,) = run_dirs(log_dir, "eval")

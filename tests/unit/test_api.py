@@ -59,3 +59,12 @@ def test_bad_input_raises_the_commands_one_line_and_writes_nothing(bad, message,
     assert message in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()
     assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]  # no run, no checkpoint
+
+
+def test_the_callers_logging_is_back_after_the_run(tmp_path, caplog):
+    import logging
+
+    litlab.train(overrides(tmp_path))
+    logging.getLogger("litlab").warning("after the run")  # a notebook's own logging goes on
+    assert "after the run" in caplog.text
+    assert "after the run" not in (tmp_path / "run" / "train.log").read_text()

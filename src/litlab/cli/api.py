@@ -6,8 +6,10 @@ function (``litlab.cli.train``).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,10 @@ def run_checked(cfg: DictConfig, one_line_exit: bool) -> dict[str, Any]:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
         loader = GlobalHydra.instance().hydra.config_loader
         context = HydraContext(config_loader=loader, callbacks=hydra_job_callbacks(cfg))
-        job = run_job(train_run, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        with _root_logging_restored(not one_line_exit):  # the caller's logging after the run, not train.log
+            job = run_job(
+                train_run, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context
+            )
     _ = job.return_value  # raises the run's exception, as Hydra's run mode does
     summary = Path(job.hydra_cfg.hydra.runtime.output_dir) / "summary.json"
     return json.loads(summary.read_text()) if summary.is_file() else {}
@@ -94,3 +99,20 @@ def train_run(cfg: DictConfig) -> float | None:
             trainer, module, data = oom.fit(cfg, run, build)  # build, fit; tune.batch_size and oom=
         with run.recording_failure(cfg, trainer):
             return finish(cfg, trainer, module, data, run)  # test, summary.json, the sweep's objective
+
+
+@contextlib.contextmanager
+def _root_logging_restored(restore: bool) -> Iterator[None]:
+    """Hydra's job logging replaces the root logger's handlers with the run's (console, train.log);
+    in a caller that goes on (a notebook, a test), its own come back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        if restore:
+            for handler in root.handlers:
+                if handler not in handlers:
+                    handler.close()
+            root.handlers[:] = handlers
+            root.setLevel(level)
