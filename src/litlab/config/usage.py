@@ -44,7 +44,7 @@ def config_groups() -> str:
 
     omegaconf resolves the template whenever Hydra merges a config into it, so in every compose, not
     only for ``--help``; listing the groups was most of a compose's time (docs/performance.md), and a
-    run composes three times (its preflight, Hydra's run mode, the job)."""
+    run started through Hydra's main composes three times (the preflight, its run mode, the job)."""
     if not _help_asked():
         return ""
     from hydra.core.global_hydra import GlobalHydra
