@@ -21,7 +21,7 @@ from omegaconf import DictConfig, open_dict, read_write
 
 from litlab import garbage_collection
 from litlab.cli import quiet
-from litlab.cli.preflight import checked_config, parsed_overrides
+from litlab.cli.preflight import checked_config, sweep_overrides
 from litlab.config.preflight import CONFIG_DIR
 from litlab.config.rules import ConfigError, device_count
 
@@ -29,7 +29,7 @@ from litlab.config.rules import ConfigError, device_count
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """configs/train.yaml with ``overrides`` (``["model=mlp", "trainer.max_epochs=3"]``), with its
     ``hydra`` node, checked as ``litlab-train`` checks it. Raises ConfigError: the command's one line."""
-    sweep = [o.input_line for o in parsed_overrides(list(overrides)) if o.is_sweep_override()]
+    sweep = sweep_overrides(list(overrides))
     cfg = None if sweep else checked_config("train", list(overrides))
     if sweep or cfg.hydra.mode == RunMode.MULTIRUN:  # a comma list, or a sweep file
         raise ConfigError(

@@ -42,7 +42,7 @@ def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
     if any(arg.startswith("-") for arg in args) or os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None  # Hydra's own flags (-m, --cfg, --help...), or the user asked for Hydra's full errors
     try:
-        if any(o.is_sweep_override() for o in parsed_overrides(args)):
+        if sweep_overrides(args):
             return None
         return checked_config(config_name, args)
     except rules.ConfigError as error:
@@ -53,8 +53,7 @@ def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
 def checked_config(config_name: str, args: list[str]) -> DictConfig:
     """The config ``litlab-<config_name> ARGS`` runs, composed (with its ``hydra`` node) and checked;
     raises ConfigError with the one line the command prints."""
-    overrides = parsed_overrides(args)
-    for override in overrides:
+    for override in _parsed(args):
         if not override.key_or_group:
             raise rules.ConfigError(
                 f"malformed override '{override.input_line}': the key before '=' is missing"
@@ -92,7 +91,12 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
     return cfg
 
 
-def parsed_overrides(args: list[str]) -> list:
+def sweep_overrides(args: list[str]) -> list[str]:
+    """The overrides in ``args`` that sweep (comma lists, ranges); raises ConfigError for a malformed one."""
+    return [o.input_line for o in _parsed(args) if o.is_sweep_override()]
+
+
+def _parsed(args: list[str]) -> list:
     try:
         return OverridesParser.create().parse_overrides(args)
     except OverrideParseException as error:
