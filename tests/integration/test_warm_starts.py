@@ -65,7 +65,7 @@ def test_a_warm_child_ends_by_a_signal_as_a_cold_process_does(tmp_path):
 def normalized(text: str, log_dir: Path) -> str:
     """Output without what differs between any two runs: times, run directory suffixes, pids."""
     text = text.replace(str(log_dir), "<logs>")
-    text = re.sub(r"\d{4}-\d\d-\d\d[ _]\d\d[:-]\d\d[:-]\d\d(?:,\d+)?(?:_[0-9a-f]{6})?", "<time>", text)
+    text = re.sub(r"\d{4}-\d\d-\d\d[ _]\d\d[:-]\d\d[:-]\d\d(?:,\d+)?(?:_[0-9a-f]{7})?", "<time>", text)
     text = re.sub(r"\d+(?:\.\d+)? (?:samples/s|s per epoch|s\b)", "<seconds>", text)
     return re.sub(r"pid \d+", "pid <n>", text)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 from hydra.types import RunMode
@@ -82,19 +83,24 @@ def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeyp
     assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank
 
 
-def test_runs_started_in_the_same_second_get_different_directories(tmp_path, monkeypatch):
-    # The clock of Hydra's ${now:} resolver stopped at one instant: two launches in the same second.
-    from datetime import datetime
+def test_runs_started_in_the_same_second_get_different_directories_listed_in_start_order(
+    tmp_path, monkeypatch
+):
+    # Eight launches within one second, each a few milliseconds after the last: `ls runs/` (and
+    # sorted()) must list them as they started, whatever their random suffixes are.
+    import datetime as dt
 
-    import hydra.core.utils
+    import litlab.config.resolvers
 
-    class StoppedClock(datetime):
+    starts = iter(dt.datetime(2026, 12, 2, 1, 2, 3, 1000 * ms) for ms in (4, 9, 10, 99, 100, 512, 998, 999))
+
+    class StartingClock(dt.datetime):
         @classmethod
-        def now(cls, tz=None) -> datetime:
-            return datetime(2026, 12, 2, 1, 2, 3)
+        def now(cls, tz=None) -> dt.datetime:
+            return next(starts)
 
-    monkeypatch.setattr(hydra.core.utils, "datetime", StoppedClock)
-    dirs = [compose_train([f"paths.log_dir={tmp_path}"], tmp_path).hydra.run.dir for _ in range(2)]
+    monkeypatch.setattr(litlab.config.resolvers, "dt", SimpleNamespace(datetime=StartingClock))
+    dirs = [compose_train([f"paths.log_dir={tmp_path}"], tmp_path).hydra.run.dir for _ in range(8)]
     prefix = f"{tmp_path}/train/runs/2026-12-02_01-02-03_"
     assert all(d.startswith(prefix) for d in dirs), dirs
-    assert dirs[0] != dirs[1]
+    assert len(set(dirs)) == 8 and sorted(dirs) == dirs, dirs

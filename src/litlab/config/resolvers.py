@@ -1,13 +1,14 @@
 """The OmegaConf resolvers litlab's configs use, registered once per process before composing.
 
-``litlab_uid``, ``litlab_cwd``, ``litlab_direction`` (Optuna's direction), ``litlab_run_stamp`` (the
-run directory's last part, the same on every rank), ``litlab_rank_zero_only``, the Slurm sizes
-``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and ``litlab_config_groups`` of
-``litlab.config.usage``.
+``litlab_start_stamp`` (a run's or multirun's directory name), ``litlab_cwd``, ``litlab_direction``
+(Optuna's direction), ``litlab_run_stamp`` (the run directory's last part, the same on every rank),
+``litlab_rank_zero_only``, the Slurm sizes ``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and
+``litlab_config_groups`` of ``litlab.config.usage``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import logging
 import os
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 
 def register() -> None:
     """Register every litlab resolver (idempotent)."""
-    if not OmegaConf.has_resolver("litlab_uid"):
-        OmegaConf.register_new_resolver("litlab_uid", lambda: secrets.token_hex(3), use_cache=True)
+    if not OmegaConf.has_resolver("litlab_start_stamp"):
+        OmegaConf.register_new_resolver("litlab_start_stamp", start_stamp, use_cache=True)
     if not OmegaConf.has_resolver("litlab_cwd"):
         OmegaConf.register_new_resolver("litlab_cwd", start_dir)
     if not OmegaConf.has_resolver("litlab_direction"):
@@ -49,6 +50,13 @@ def register() -> None:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
     usage.register()
+
+
+def start_stamp() -> str:
+    """``2026-12-02_01-02-03_0421a2b``: the start time to the millisecond, then a random suffix. Names
+    sort as their runs started (two in one second included), and two starts never share one."""
+    now = dt.datetime.now()
+    return f"{now:%Y-%m-%d_%H-%M-%S}_{now.microsecond // 1000:03d}{secrets.token_hex(2)}"
 
 
 def start_dir() -> str:
