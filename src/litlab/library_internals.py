@@ -7,14 +7,14 @@ changes one fails there, not silently in a run.
 from __future__ import annotations
 
 import datetime
-import threading
+import subprocess
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.fabric.utilities.distributed import _get_default_process_group_backend_for_device
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 # torch's multi-tensor ops (what its optimizers and clip_grad_norm_ use): one kernel launch for all
@@ -45,16 +45,22 @@ def process_group_timeout(strategy: Any) -> datetime.timedelta | None:
     return getattr(strategy, "_timeout", None)
 
 
-def disarm_child_process_observers() -> None:
-    """Ends the observer thread Lightning's subprocess launcher starts beside the ranks it spawns, so
-    that it kills nothing. When a child rank fails, that thread SIGKILLs every rank and the launching
-    process at its next poll, before anything can say which rank failed and why; litlab's ``World``
-    reports it and ends the ranks instead. Lightning has no switch for the observer, and no public
-    hook runs between the spawn and the observer's start; its ``_run`` (one poll, True = done) is
-    replaced by a poll that is done at once: a write, kept here, because it cannot be done publicly."""
-    for thread in threading.enumerate():
-        if isinstance(thread, _ChildProcessObserver):
-            thread._run = lambda: True
+def take_child_processes(launcher: Any) -> list[subprocess.Popen]:
+    """The rank processes Lightning's subprocess launcher started, out of its observer's sight.
+
+    Beside the ranks it spawns, the launcher starts an observer thread that, when a child fails,
+    SIGKILLs every rank and the launching process at its next poll, before anything can say which
+    rank failed and why; litlab's ``World`` reports it and ends the ranks instead. Lightning has no
+    switch for the observer, but the observer watches the launcher's own public ``procs`` list: the
+    launcher gets a copy (its ``kill``, on Ctrl+C, still reaches every child) and the list watched is
+    emptied, so the observer finds nothing failed and ends at its next poll. What this relies on (the
+    observer is handed that very list) is checked in tests/unit/test_library_internals.py."""
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return []
+    watched = launcher.procs
+    launcher.procs = list(watched)
+    watched.clear()
+    return list(launcher.procs)
 
 
 def raise_sigterm_after_this_batch(trainer: L.Trainer) -> None:

@@ -7,6 +7,7 @@ import datetime
 import signal
 import subprocess
 import sys
+import threading
 
 import lightning as L
 import pytest
@@ -17,6 +18,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab import library_internals as internals
@@ -77,21 +79,49 @@ def test_default_backend_and_timeout_of_a_ddp_strategy() -> None:
     assert strategy.process_group_backend is None  # until the group is set up: the default applies
 
 
-def test_a_disarmed_observer_kills_nothing_when_a_child_failed() -> None:
+def _launcher_with(child: subprocess.Popen) -> _SubprocessScriptLauncher:
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    launcher.procs.append(child)  # as its _call_children_scripts does for each rank it spawns
+    return launcher
+
+
+def test_an_observer_whose_children_were_taken_kills_nothing_when_a_child_failed() -> None:
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failed.wait()
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        # Lightning's observer, watching a failed child, would SIGKILL the bystander (as its "main process").
-        observer = _ChildProcessObserver(main_pid=bystander.pid, child_processes=[failed], sleep_period=1)
+        launcher = _launcher_with(failed)
+        # Lightning's observer of the launcher's children, with the bystander as its "main process".
+        observer = _ChildProcessObserver(bystander.pid, child_processes=launcher.procs, sleep_period=1)
         observer.start()
-        internals.disarm_child_process_observers()
+        assert internals.take_child_processes(launcher) == [failed]
+        assert launcher.procs == [failed]  # the launcher keeps them (its kill() on Ctrl+C)
         observer.join(timeout=30)
         assert not observer.is_alive()
         assert bystander.poll() is None, "the observer killed the process it watches over"
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_lightnings_launch_hands_its_observer_the_launchers_own_list(monkeypatch) -> None:
+    # What take_child_processes relies on: launch() starts the observer on the launcher's `procs`
+    # itself, not on a copy. The child here exits 0 when its stdin closes, so an observer that still
+    # watches it (a Lightning that copies the list) ends without killing this process.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    launcher = _launcher_with(child)
+    monkeypatch.setattr(launcher, "_call_children_scripts", lambda: None)  # the ranks: `child` stands in
+    monkeypatch.delenv("LOCAL_RANK", raising=False)  # else the launcher takes its ranks as started elsewhere
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else launch() sets this process's
+    before = set(threading.enumerate())
+    try:
+        taken = launcher.launch(lambda: internals.take_child_processes(launcher))
+        (observer,) = (t for t in set(threading.enumerate()) - before if isinstance(t, _ChildProcessObserver))
+        assert taken == [child] and launcher.procs == [child]
+        assert observer._child_processes == [], "Lightning's observer no longer watches the launcher's list"
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
 
 
 def test_an_armed_observer_kills_when_a_child_failed() -> None:

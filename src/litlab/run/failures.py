@@ -34,8 +34,8 @@ from litlab.heartbeat import HEARTBEAT
 from litlab.library_internals import (
     cluster_environment,
     default_store,
-    disarm_child_process_observers,
     raise_sigterm_after_this_batch,
+    take_child_processes,
 )
 from litlab.storage.checkpoints import in_an_epochs_last_batch
 
@@ -294,13 +294,11 @@ class WatchTheRanks(Callback):
 
 
 def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
-    """The ranks Lightning's launcher started from this process, by global rank; its observer thread
-    is disarmed (it would SIGKILL this process when a child fails: ``World`` reports and ends instead)."""
-    procs = getattr(trainer.strategy.launcher, "procs", None) or []
-    if not procs:
-        return {}
-    disarm_child_process_observers()
+    """The ranks Lightning's launcher started from this process, by global rank, taken out of the
+    sight of its observer thread (it would SIGKILL this process when a child fails: ``World`` reports
+    and ends instead)."""
     first = trainer.node_rank * trainer.num_devices
+    procs = take_child_processes(trainer.strategy.launcher)
     return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
 
 
