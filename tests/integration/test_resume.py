@@ -334,6 +334,7 @@ def test_a_run_stopped_at_every_edge_resumes_from_the_newest_valid_checkpoint_an
     # The same TensorBoard run continues across every start that resumed.
     tensorboard = recorded_tensorboard_dir(log_dir)
     assert tensorboard == run_dirs(log_dir)[1] / "tensorboard"  # the first start that saved a checkpoint
+    assert summary(run_dirs(log_dir)[-1])["tensorboard_dir"] == str(tensorboard)  # where the curves are
     assert curves(log_dir, tensorboard) == uninterrupted.curves, where
 
 

@@ -275,30 +275,30 @@ def test_a_resumed_tensorboard_logger_continues_the_recorded_directory_from_the_
     assert resume.logger_arguments(tensorboard_logger(str(tmp_path)), object()) == {}
 
 
-def test_a_resumed_run_on_the_same_machine_points_to_the_recorded_tensorboard_dir(storage, tmp_path, caplog):
+def test_a_resumed_run_on_the_same_machine_continues_the_recorded_tensorboard_dir(storage, tmp_path, caplog):
     previous, own, run_dir = tmp_path / "first" / "tb", tmp_path / "second" / "tb", tmp_path / "second"
     previous.mkdir(parents=True)
     run_dir.mkdir()
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=previous)
     with caplog.at_level(logging.INFO, logger="litlab"):
-        resume.continue_tensorboard(decision, own, storage, run_dir)
-    assert (run_dir / "tensorboard.dir").read_text() == f"{previous}\n"
+        resume.continue_tensorboard(decision, own, storage)
+    assert list(run_dir.iterdir()) == []  # no pointer file: summary.json names the directory
     assert decision.tensorboard_dir == previous
     assert caplog.messages == [f"resume: TensorBoard continues in {previous}"]
 
 
-def test_a_resumed_run_in_its_own_recorded_directory_needs_no_pointer(storage, tmp_path):
+def test_a_resumed_run_in_its_own_recorded_directory_continues_it(storage, tmp_path):
     own = tmp_path / "tb"
     own.mkdir()
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=own)
-    resume.continue_tensorboard(decision, own, storage, tmp_path)
-    assert not (tmp_path / "tensorboard.dir").exists() and decision.tensorboard_dir == own
+    resume.continue_tensorboard(decision, own, storage)
+    assert decision.tensorboard_dir == own
 
 
 def test_a_resumed_run_without_tensorboard_records_none(storage, tmp_path):
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path)
-    resume.continue_tensorboard(decision, None, storage, tmp_path)
-    assert decision.tensorboard_dir is None and not (tmp_path / "tensorboard.dir").exists()
+    resume.continue_tensorboard(decision, None, storage)
+    assert decision.tensorboard_dir is None
 
 
 def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage, tmp_path, caplog):
@@ -308,7 +308,7 @@ def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage,
     own = tmp_path / "run" / "tb"
     decision = Decision(point=ResumePoint("x", 0, 4), tensorboard_dir=tmp_path / "gone")
     with caplog.at_level(logging.INFO, logger="litlab"):
-        resume.continue_tensorboard(decision, own, storage, tmp_path / "run")
+        resume.continue_tensorboard(decision, own, storage)
     assert (own / "events.out.tfevents.1").read_bytes() == b"e1"
     assert decision.tensorboard_dir == own
     assert caplog.messages == [f"resume: restored 1 TensorBoard event file(s) from {storage.url}"]
@@ -316,9 +316,8 @@ def test_a_resumed_run_on_a_new_machine_restores_the_stored_event_files(storage,
 
 def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
     decision = Decision(tensorboard_dir=tmp_path / "old")
-    resume.continue_tensorboard(decision, tmp_path / "own", storage, tmp_path)
+    resume.continue_tensorboard(decision, tmp_path / "own", storage)
     assert decision.tensorboard_dir == tmp_path / "own"
-    assert not (tmp_path / "tensorboard.dir").exists()
 
 
 # --- a code change is a new run (litlab.run.identity.CodeVersion records, as prepare_run passes them) --

@@ -183,7 +183,7 @@ def prepare_run(cfg: DictConfig) -> Run:
     if run.is_global_zero:
         storage.prepare()
         storage.link_into(run_dir)
-        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage, run_dir)
+        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage)
         resume.record_start(storage, run.resume, run_dir)
         storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))  # no credentials (redact.py)
     log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
@@ -308,6 +308,7 @@ def summarise(
         checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
         resume_exact=run.resume_exact,
         resumed_count=run.resume.resumed_count if run.resume else 0,
+        tensorboard_dir=_tensorboard_dir(run),
         wall_time_s=round(time.time() - run.started, 3),
         started_at=_isoformat(run.started),
         finished_at=now(),
@@ -323,6 +324,11 @@ def _isoformat(timestamp: float) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
+
+
+def _tensorboard_dir(run: Run) -> str | None:
+    directory = run.resume.tensorboard_dir if run.resume is not None else None
+    return str(directory) if directory is not None else None
 
 
 def _cluster_environment(trainer: L.Trainer) -> str | None:

@@ -61,6 +61,7 @@ class Summary:
     checkpoints: dict[str, Any] = field(default_factory=dict)  # dir, best, last, tested
     resume_exact: bool | None = None  # false when a train loader cannot restore its position
     resumed_count: int = 0
+    tensorboard_dir: str | None = None  # the run's TensorBoard curves: a resumed run continues its first's
     wall_time_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -71,7 +72,6 @@ class Summary:
     nonfinite: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
-    pruned_epoch: int | None = None  # the epoch after which an Optuna pruner stopped the run
     # One entry per training epoch: epoch, step, wall_s, samples, train_loss, loss_spikes, metrics.
     history: list[dict[str, Any]] | None = None
     input_wait: dict[str, Any] | None = None  # time between training steps waiting for the next batch

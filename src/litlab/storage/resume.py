@@ -304,23 +304,18 @@ def tensorboard_dir(cfg: DictConfig) -> Path | None:
     return None
 
 
-def continue_tensorboard(
-    decision: Decision, own_dir: Path | None, storage: RunStorage, run_dir: Path
-) -> None:
+def continue_tensorboard(decision: Decision, own_dir: Path | None, storage: RunStorage) -> None:
     """Point a resumed run's TensorBoard at the run's log directory, so its curves continue.
 
-    On the machine that started the run, that is the directory recorded in run.json (this run
-    directory gets a ``tensorboard.dir`` file naming it). On a new machine, the event files copied into the
-    storage folder (``storage.copy_logs``) are restored into this run's own directory.
+    On the machine that started the run, that is the directory recorded in run.json (summary.json's
+    ``tensorboard_dir`` names it). On a new machine, the event files copied into the storage folder
+    (``storage.copy_logs``) are restored into this run's own directory.
     """
     if own_dir is None or decision.point is None:
         decision.tensorboard_dir = own_dir
         return
     previous = decision.tensorboard_dir
     if previous is not None and previous.is_dir():
-        if previous.resolve() != own_dir.resolve():
-            # A pointer file, not a link: TensorBoard follows links and would show the run twice.
-            (run_dir / "tensorboard.dir").write_text(f"{previous}\n")
         log.info("resume: TensorBoard continues in %s", previous)
         return
     restored = storage.download("tensorboard", own_dir)
