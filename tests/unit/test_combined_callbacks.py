@@ -14,6 +14,7 @@ from litlab.callbacks.history import TrainingHistory
 from litlab.callbacks.progress import PlainProgress
 from litlab.callbacks.run_stats import RunStats
 from litlab.run.build import NoProfiler
+from litlab.run.hangs import HeartbeatAfterYourCallbacks
 
 
 class Recorder(Callback):
@@ -127,6 +128,19 @@ def test_litlab_and_lightning_callbacks_are_combined_but_those_lightning_looks_f
     assert parts_of(made) == [stats, history, monitor, plain, checkpoint, yours, bar]
     assert not combinable(yours) and not combinable(checkpoint) and not combinable(bar)
     assert combine([stats, yours]) == [stats, yours]  # nothing to gain from one part
+
+
+def test_the_heartbeat_that_follows_your_callbacks_runs_combined_and_last_when_you_have_none():
+    class Yours(Callback):
+        pass
+
+    stats, history, checkpoint, yours = RunStats(), TrainingHistory("val/loss"), ModelCheckpoint(), Yours()
+    beat = HeartbeatAfterYourCallbacks(watch=None)
+    made = combine([stats, checkpoint, history, beat])
+    assert [type(c).__name__ for c in made] == ["CombinedCallbacks", "ModelCheckpoint"]
+    assert made[0].parts == [stats, history, beat]  # Lightning runs the checkpoint after all three
+    made = combine([stats, history, yours, beat, checkpoint])
+    assert made[1:] == [yours, beat, checkpoint] and made[0].parts == [stats, history]
 
 
 def test_no_profiler_profiles_nothing():

@@ -3,7 +3,8 @@
 Lightning hands every hook to every callback; ``CombinedCallbacks`` hands each hook only to the parts
 that define it, in their order (the cost it saves: docs/performance.md). ``combinable`` says which are
 combined: litlab's and Lightning's own callbacks, except the kinds Lightning looks for by type
-(``LOOKED_FOR_BY_TYPE``) and those that must run after yours. Your own callbacks stay separate.
+(``LOOKED_FOR_BY_TYPE``), and those that must run after yours where you have any. Your own
+callbacks stay separate.
 """
 
 from __future__ import annotations
@@ -47,13 +48,19 @@ def combinable(callback: Callback) -> bool:
 
 
 def combine(callbacks: Sequence[Callback]) -> list[Callback]:
-    """``callbacks`` with the combinable ones as one CombinedCallbacks, where the first of them was."""
-    parts = [callback for callback in callbacks if combinable(callback)]
+    """``callbacks`` with the combinable ones as one CombinedCallbacks, where the first of them was.
+    A callback that must run after yours (``after_your_callbacks``) joins as the last part when no
+    other callback would run outside it, checkpoints aside: Lightning runs those after all others."""
+    after = [callback for callback in callbacks if getattr(callback, "after_your_callbacks", False)]
+    others = [callback for callback in callbacks if not any(callback is a for a in after)]
+    parts = [callback for callback in others if combinable(callback)]
+    if after and all(combinable(c) or isinstance(c, Checkpoint) for c in others):
+        parts += after
     if len(parts) < 2:
         return list(callbacks)
     combined: list[Callback] = []
     for callback in callbacks:
-        if not combinable(callback):
+        if not any(callback is part for part in parts):
             combined.append(callback)
         elif callback is parts[0]:
             combined.append(CombinedCallbacks(parts))

@@ -142,7 +142,7 @@ class HeartbeatAfterYourCallbacks(Callback):
     a callback stuck there is in the training step) and before the checkpoint callbacks (they beat
     while writing): from here to the next batch start the rank waits for data."""
 
-    after_your_callbacks = True  # litlab.callbacks.combined: not run inside CombinedCallbacks
+    after_your_callbacks = True  # litlab.callbacks.combined: combined, last, only where you have none
 
     def __init__(self, watch: HangWatch) -> None:
         self.watch = watch
