@@ -415,8 +415,10 @@ def test_s3_run_killed_on_one_machine_resumes_on_another_and_leaks_no_credential
     last = torch.load(_bytes_io(objects[f"{prefix}last.ckpt"]), weights_only=True)
     assert_same_tensors(uninterrupted.state, final_state(last), str(stop))
     (run,) = run_dirs(second_machine)
-    assert (run / "checkpoints.url").read_text().strip() == f"s3://{bucket}/runs/{identity}/checkpoints"
-    assert summary(run)["resumed_count"] == 1
+    outcome = summary(run)  # the local run directory says where the checkpoints are, in no file of its own
+    assert outcome["checkpoints"]["dir"] == f"s3://{bucket}/runs/{identity}/checkpoints"
+    assert outcome["resumed_count"] == 1 and not (run / "checkpoints").exists()
+    assert f"(checkpoints: s3://{bucket}/runs/{identity}/checkpoints)" in result.stdout
     # TensorBoard files were copied to the bucket after each checkpoint and restored here. The step
     # just before the resume point may be missing (logged after its checkpoint, killed before the copy).
     restored, expected = curves(second_machine), uninterrupted.curves

@@ -302,14 +302,12 @@ class RunStorage:
         return len(entries)
 
     def link_into(self, run_dir: Path) -> None:
-        """Make ``<run dir>/checkpoints`` lead to this run's checkpoints."""
+        """Make ``<run dir>/checkpoints`` lead to this run's checkpoints, where they are on this
+        machine. Remote ones are named by summary.json (``storage_dir``, ``checkpoints.dir``) and by
+        train.log's line that starts the run."""
         link = run_dir / "checkpoints"
-        if link.exists() or link.is_symlink():
-            return
-        if self.is_local:
+        if self.is_local and not (link.exists() or link.is_symlink()):
             link.symlink_to(Path(self.path) / "checkpoints", target_is_directory=True)
-        else:
-            (run_dir / "checkpoints.url").write_text(self.checkpoint_url + "\n")
 
 
 def _modified(entry: Mapping[str, Any]) -> float:
