@@ -508,7 +508,7 @@ def sweep_section(bench: Bench) -> dict[str, Any]:
         "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks" / "import_probe"), bench.env["PYTHONPATH"]]),
     }
     _, sweep_s, _ = bench.process("sweep-pool", args, env=env)
-    # When each process finished `import lightning`, by its job folder (in its command line).
+    # When each process finished `import lightning`, by its job's run folder (in its command line).
     imported = {}
     for record in probe.parent.iterdir():
         data = json.loads(record.read_text())
@@ -529,9 +529,9 @@ def sweep_section(bench: Bench) -> dict[str, Any]:
                 "start_s": start,
                 "seconds": end - start,
                 "first_step_s": steps["first_step_unix"] - start,
-                "import_lightning_s": imported[summary_file.parent.name] - start,
+                "import_lightning_s": imported[summary_file.parent.resolve().name] - start,
                 # What the job's own process costs beyond `import lightning`, in that process.
-                "own_process_cost_s": steps["first_step_unix"] - imported[summary_file.parent.name],
+                "own_process_cost_s": steps["first_step_unix"] - imported[summary_file.parent.resolve().name],
             }
         )
     first_start = min(j["start_s"] for j in jobs)

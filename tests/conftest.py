@@ -181,11 +181,10 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def run_dirs(log_dir: Path, task: str = "train") -> list[Path]:
-    return (
-        sorted(p for p in (log_dir / task / "runs").glob("*") if p.is_dir())
-        if (log_dir / task / "runs").exists()
-        else []
-    )
+    """The folders of the runs started under ``<log dir>/<task>/runs/`` (each has Hydra's .hydra/), but
+    those resume=never set aside."""
+    runs = log_dir / task / "runs"
+    return sorted(p for p in runs.glob("*") if (p / ".hydra").is_dir() and ".replaced-" not in p.name)
 
 
 def summary(run_dir: Path) -> dict:

@@ -184,7 +184,7 @@ def write_checkpoint_of_another_model(log_dir: Path, path: Path) -> Path:
     """The earlier run's checkpoint, relabelled as an MLP: its CNN weights do not fit that model."""
     import torch
 
-    (source,) = log_dir.glob("storage/*/checkpoints/last.ckpt")
+    (source,) = log_dir.glob("train/runs/*/checkpoints/last.ckpt")
     checkpoint = torch.load(source, map_location="cpu", weights_only=True)
     stored = checkpoint["litlab"]
     net = {"_target_": "project.vision.nets.MLP", "_partial_": True, "hidden_sizes": [16], "dropout": 0.0}

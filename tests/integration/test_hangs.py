@@ -90,7 +90,7 @@ def last_line(output: str) -> str:
 
 
 def checkpoint_step(log_dir: Path, name: str = "last.ckpt") -> int:
-    (checkpoint,) = log_dir.glob(f"storage/*/checkpoints/{name}")
+    (checkpoint,) = log_dir.glob(f"train/runs/*/checkpoints/{name}")
     return load_point(str(checkpoint)).global_step
 
 

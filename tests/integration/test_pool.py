@@ -142,8 +142,8 @@ def test_sigterm_stops_every_job_with_a_checkpoint_and_the_same_command_finishes
     second = next(p for p in multiruns.iterdir() if p != first)
     after = [json.loads((job / "summary.json").read_text()) for job in job_dirs(second)]
     assert [run["status"] for run in after] == ["completed"] * 3
-    assert after[0]["sweep"]["skipped"] is True  # completed before: not started again
-    assert not (second / "0" / "output.log").exists()
+    # Completed before: not started again, its run folder (listed as job 0) as the first sweep left it.
+    assert after[0] == before[0] and after[0]["sweep"]["dir"] == str(first)
     assert [run["resumed_count"] for run in after[1:]] == [1, 1]  # from the preempted checkpoints
     assert [run["global_step"] for run in after] == [2, 8, 9]
     assert "job 0: run" in result.stdout and "already completed, skipped" in result.stdout

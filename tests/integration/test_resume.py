@@ -128,8 +128,8 @@ def final_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def storage_folder(log_dir: Path) -> Path:
-    """The storage folder of the run identity (not one that ``resume=never`` moved aside)."""
-    (folder,) = [p for p in (log_dir / "storage").iterdir() if p.is_dir() and ".replaced-" not in p.name]
+    """The run's folder, its storage folder too (not one that ``resume=never`` moved aside)."""
+    (folder,) = run_dirs(log_dir)
     return folder
 
 
@@ -333,7 +333,7 @@ def test_a_run_stopped_at_every_edge_resumes_from_the_newest_valid_checkpoint_an
     assert not preempted.exists(), "a run that finished removes its stale preemption checkpoint"
     # The same TensorBoard run continues across every start that resumed.
     tensorboard = recorded_tensorboard_dir(log_dir)
-    assert tensorboard == run_dirs(log_dir)[1] / "tensorboard"  # the first start that saved a checkpoint
+    assert tensorboard == storage_folder(log_dir) / "tensorboard"  # in the run's one folder
     assert summary(run_dirs(log_dir)[-1])["tensorboard_dir"] == str(tensorboard)  # where the curves are
     assert curves(log_dir, tensorboard) == uninterrupted.curves, where
 
@@ -376,7 +376,7 @@ def test_completed_run_is_not_trained_again_and_resume_never_starts_fresh(uninte
 
     fresh = ok(litlab("litlab-train", *HOOKED, "resume=never", env=env_for(log_dir)))
     assert "resuming from" not in fresh.stdout
-    (moved_aside,) = list((log_dir / "storage").glob(f"{folder.name}.replaced-*"))
+    (moved_aside,) = list((log_dir / "train" / "runs").glob(f"{folder.name}.replaced-*"))
     assert (moved_aside / "checkpoints" / "last.ckpt").read_bytes() == uninterrupted.last_bytes
     assert summary(run_dirs(log_dir)[-1])["resumed_count"] == 0
     record = json.loads((storage_folder(log_dir) / "run.json").read_text())

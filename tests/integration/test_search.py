@@ -55,7 +55,7 @@ def wait_for(predicate, what: str, timeout: float = 180, process=None):
 
 
 def the_study(log_dir: Path) -> optuna.Study:
-    (db,) = (log_dir / "storage" / "optuna").glob("*.db")
+    (db,) = (log_dir / "train" / "runs" / "optuna").glob("*.db")
     return optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
 
 

@@ -152,7 +152,7 @@ def test_a_search_writes_logs_and_stores_no_credential_and_its_trial_authenticat
     assert (
         list((run / "tensorboard").glob("events.out.tfevents.*")) and (run / "csv" / "metrics.csv").is_file()
     )
-    (checkpoint,) = log_dir.glob("storage/*/checkpoints/last.ckpt")
+    (checkpoint,) = log_dir.glob("train/runs/*/checkpoints/last.ckpt")
 
     # litlab-eval resolves the token again from its environment (the datamodule checks it got it) ...
     evaluated = ok(litlab("litlab-eval", f"ckpt_path={checkpoint}", env=env))

@@ -124,16 +124,16 @@ def test_batch_script_runs_two_slurm_tasks_as_two_ranks_in_one_run_directory(
     state = _wait_until_finished(slurm_cluster, job_id)
     assert state == "COMPLETED", f"{state}\n{out.read_text()[-3000:]}"
 
-    # Both tasks ran Hydra, and both chose the run directory named after the job and its step.
-    assert run_dirs(log_dir) == [log_dir / "train" / "runs" / f"slurm-{job_id}.0"]
+    # Both tasks ran Hydra, and both named the same run folder from the command.
     (run,) = run_dirs(log_dir)
     result = summary(run)
+    assert run.name == result["run_name"]
     assert result["status"] == "completed"
     assert (result["world_size"], result["devices"], result["num_nodes"]) == (2, 2, 1)
     assert result["cluster_environment"] == "SLURMEnvironment"  # Slurm's tasks are the ranks
     assert ranks_that_joined(run) == ["0 1/2", "1 2/2"]  # two ranks, one process group
     assert (run / ".hydra" / "config.yaml").is_file()
-    assert len(list(log_dir.glob("**/summary.json"))) == 2  # rank 0's, in the run dir and in storage
+    assert list(log_dir.glob("**/summary.json")) == [run / "summary.json"]  # rank 0's, once
 
 
 @pytest.mark.slow
@@ -155,10 +155,12 @@ def test_slurm_launcher_multirun_submits_one_job_per_point_each_with_two_ranks(
         timeout=JOB_TIMEOUT_S * 2,
     )
     ok(result)
-    assert not run_dirs(log_dir)  # every rank wrote into its sweep job's directory
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [job.name for job in jobs] == ["0", "1"]
+    # Each job's folder is its run's, listed in the sweep's; every rank wrote there, and started once.
+    assert sorted(job.resolve() for job in jobs) == run_dirs(log_dir)
+    assert [len(json.loads((job / "run.json").read_text())["starts"]) for job in jobs] == [1, 1]
     for job, seed in zip(jobs, ("seed=1", "seed=2"), strict=True):
         job_summary = summary(job)
         assert job_summary["status"] == "completed"

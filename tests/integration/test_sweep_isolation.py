@@ -114,8 +114,10 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
     sweep_dir = jobs[0].run_dir.parent
     assert result.stdout.count("Launching 4 jobs") == 1, result.stdout[-3000:]
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
-    assert not (tmp_path / "sweep" / "train" / "runs").exists()
-    assert len(list((tmp_path / "sweep" / "storage").iterdir())) == 4
+    # Each job's folder is its run's (the sweep's folder links to it), each started once, no other run.
+    runs = sorted((tmp_path / "sweep" / "train" / "runs").iterdir())
+    assert sorted(job.run_dir.resolve() for job in jobs) == runs
+    assert [len(json.loads((run / "run.json").read_text())["starts"]) for run in runs] == [1] * 4
     assert [row["status"] for row in report_rows(sweep_dir)] == ["completed"] * 4
     # Run alone: a 1-device job that ran beside another, and a 2-device DDP job (both precisions).
     compared = [("fp32", 1), ("bf16", 2)]

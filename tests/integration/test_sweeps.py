@@ -158,7 +158,9 @@ def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_pat
         expect_ok=False,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert not (sweep_dir.parents[1] / "runs").exists()  # no single run beside the sweep
+    # A run folder for the job that ran (linked from the sweep's folder), none for the refused one.
+    (run,) = (sweep_dir.parents[1] / "runs").iterdir()
+    assert [p.resolve() for p in job_dirs(sweep_dir)] == [job_dirs(sweep_dir)[0], run]
     failed, completed = summaries(sweep_dir)
     assert failed["status"] == "failed"
     assert "global_batch_size=96" in failed["error"] and "5" in failed["error"]

@@ -1,5 +1,5 @@
 """torchrun (TorchElastic) starts the ranks, on one node and on two nodes simulated on this machine;
-Lightning adopts them (TorchElasticEnvironment), every rank writes global rank 0's run directory, and
+Lightning adopts them (TorchElasticEnvironment), every rank names the same run folder, and
 ``--max-restarts`` restarts a group that lost a worker, which resumes from its last checkpoint."""
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_torchrun_two_ranks_adopt_rank_zero_run_directory_whatever_it_resolves_to(log_dir: Path):
+def test_torchrun_two_ranks_share_the_run_folder_they_each_name(log_dir: Path):
     # scripts/torchrun/single_node.sh with NPROC=2 runs exactly:
     # torchrun --nproc-per-node=2 -m litlab.cli.train trainer.devices=2 strategy=ddp trainer.accelerator=cpu
-    # Each rank would resolve this pattern to its own directory (microseconds differ).
-    per_process = f"hydra.run.dir={log_dir}/train/runs/${{now:%H-%M-%S-%f}}"
+    # Each rank runs Hydra and names the run's folder from the command: the same one, unasked.
     result = subprocess.run(
-        [str(SCRIPTS / "single_node.sh"), "trainer.accelerator=cpu", *TINY, per_process],
+        [str(SCRIPTS / "single_node.sh"), "trainer.accelerator=cpu", *TINY],
         env=_env(log_dir, NPROC="2"),
         cwd=REPO,
         capture_output=True,
@@ -51,14 +50,14 @@ def test_torchrun_two_ranks_adopt_rank_zero_run_directory_whatever_it_resolves_t
     )
     ok(result)
     runs = run_dirs(log_dir)
-    assert len(runs) == 1, runs  # each rank ran Hydra; all took rank 0's directory
+    assert [p.name for p in (log_dir / "train" / "runs").iterdir()] == [runs[0].name], runs  # one folder
     (run,) = runs
     result = summary(run)
     assert result["status"] == "completed"
     assert (result["world_size"], result["devices"], result["strategy"]) == (2, 2, "ddp")
     assert result["cluster_environment"] == "TorchElasticEnvironment"  # torchrun's ranks, none from Lightning
     assert ranks_that_joined(run) == ["0 1/2", "1 2/2"]
-    assert len(list(log_dir.glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+    assert list(log_dir.glob("**/summary.json")) == [run / "summary.json"]  # written once, by rank 0
 
 
 def test_torchrun_two_nodes_train_with_global_rank_zero_alone_writing(tmp_path: Path):
@@ -91,9 +90,14 @@ def test_torchrun_two_nodes_train_with_global_rank_zero_alone_writing(tmp_path: 
     assert result["status"] == "completed"
     assert (result["world_size"], result["num_nodes"], result["devices"]) == (2, 2, 1)
     assert result["cluster_environment"] == "TorchElasticEnvironment"
-    assert not [p for p in node_logs[1].rglob("*") if p.is_file()]  # node 1 wrote nothing of its own
-    assert ranks_that_joined(run) == ["0 1/2", "1 2/2"]  # both ranks' lines in rank 0's train.log
-    assert len(list(node_logs[0].glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+    # Node 1's rank names the same run folder, in its own log folder (not shared here, as on two
+    # machines without a shared filesystem): it holds that rank's log lines and nothing else.
+    node1_run = node_logs[1] / "train" / "runs" / run.name
+    assert [p.relative_to(node_logs[1]) for p in node_logs[1].rglob("*") if p.is_file()] == [
+        node1_run.relative_to(node_logs[1]) / "train.log"
+    ]
+    assert ranks_that_joined(run) + ranks_that_joined(node1_run) == ["0 1/2", "1 2/2"]
+    assert list(node_logs[0].glob("**/summary.json")) == [run / "summary.json"]
 
 
 def test_torchrun_max_restarts_restarts_a_group_that_lost_a_worker_and_it_resumes(log_dir: Path):

@@ -31,12 +31,12 @@ def test_ddp_with_two_ranks_writes_one_run_directory_and_trains_compiled(log_dir
     runs = run_dirs(log_dir)
     assert len(runs) == 1, runs
     (run,) = runs
-    assert len(list((log_dir / "storage").iterdir())) == 1  # one checkpoints/ folder
+    assert [p.name for p in (log_dir / "train" / "runs").iterdir()] == [run.name]  # one folder, no other
     # One TensorBoard log: one log directory, written by one process (rank 0) only.
     events = list(log_dir.glob("**/events.out.tfevents.*"))
     assert {e.parent for e in events} == {run / "tensorboard"}
     assert len({e.name.split(".")[4] for e in events}) == 1  # events.out.tfevents.<time>.<host>.<pid>.<n>
-    assert len(list(log_dir.glob("**/summary.json"))) == 2  # the run dir's and its storage copy
+    assert list(log_dir.glob("**/summary.json")) == [run / "summary.json"]  # its storage is its folder
     result = summary(run)
     assert (result["status"], result["world_size"], result["devices"], result["strategy"]) == (
         "completed",

@@ -13,7 +13,7 @@ from litlab.cli import preflight
 from litlab.data import TensorBatches
 from project.vision.cifar10 import FOLDER, CIFAR10DataModule, crop_and_flip
 from tests.cifar_files import write_cifar10
-from tests.conftest import TINY, train_in_process
+from tests.conftest import TINY, run_dirs, train_in_process
 
 
 def test_cifar10_is_read_from_its_own_format_and_split_without_a_download(tmp_path):
@@ -44,7 +44,7 @@ def test_without_its_files_and_with_download_false_it_fails_before_any_run(tmp_p
     assert exited.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"litlab: error: data=cifar10: data.root={tmp_path} holds no CIFAR-10")
-    assert not (tmp_path / "logs" / "train").exists()  # no run directory
+    assert run_dirs(tmp_path / "logs") == []  # no run folder
 
 
 def test_crop_and_flip_draws_for_each_image_and_repeats_with_the_seed():

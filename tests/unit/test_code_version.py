@@ -1,4 +1,4 @@
-"""The version of the user's code a run records (``litlab.run.identity.code_version``), on a copy of
+"""The version of the user's code a run records (``litlab.config.identity.code_version``), on a copy of
 a tiny user package and its configs: which files count, and that an edit to one of them, and only to
 them, changes the fingerprint. The end-to-end flow (a completed run, an edit, the same command) runs
 in-process on the example task."""
@@ -12,8 +12,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from litlab.run.identity import code_version
-from tests.conftest import TINY, train_in_process
+import litlab
+from litlab.config.identity import code_version
+from tests.conftest import TINY
 
 FILES = {
     "mypkg/__init__.py": "",
@@ -117,23 +118,31 @@ def test_the_same_command_after_an_edit_trains_a_new_run_and_then_skips_it(tmp_p
         "test_after_fit=false",
         "+callbacks.marker._target_=mycallbacks.Marker",
     ]
-    first = train_in_process(tmp_path, *run, name="first")
+    train = lambda: litlab.train([f"paths.log_dir={tmp_path / 'logs'}", *run])  # noqa: E731  (Hydra's run folder)
+    first = train()
     assert first["status"] == "completed" and first["code_fingerprint"]
+    assert (
+        first["run_dir"]
+        == first["storage_dir"]
+        == str(tmp_path / "logs" / "train" / "runs" / first["run_name"])
+    )
     (package / "__init__.py").write_text(MARKER.replace("pass", "width = 2"))
-    second = train_in_process(tmp_path, *run, name="second")
-    # Trained in a folder of its own (started_at has whole seconds: two quick runs may share one).
-    assert second["status"] == "completed" and second["storage_dir"] != first["storage_dir"]
+    second = train()
+    # Trained in a folder of its own, which Hydra's run folder is (started_at has whole seconds: two
+    # quick runs may share one).
+    assert second["status"] == "completed" and second["run_dir"] == second["storage_dir"] != first["run_dir"]
     assert second["run_name"] == f"{first['run_name']}-{second['code_fingerprint'][:8]}"
     record = json.loads(Path(second["storage_dir"], "run.json").read_text())
     assert record["code"]["fingerprint"] == second["code_fingerprint"]
-    third = train_in_process(tmp_path, *run, name="third")
+    assert json.loads(Path(first["run_dir"], "summary.json").read_text()) == first  # left as it was
+    third = train()
     assert third == second  # the stored summary, copied: not trained again
 
 
 def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, monkeypatch):
     """The pool's check before starting a job takes the decision the job's own process would."""
+    from litlab.config.identity import run_identity
     from litlab.launch.pool import DevicePoolLauncher
-    from litlab.run.identity import run_identity
     from litlab.storage import resume
     from litlab.storage.roots import RunStorage
     from tests.conftest import compose_train

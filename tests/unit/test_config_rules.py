@@ -15,8 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from litlab.config import rules
+from litlab.config.identity import run_identity
 from litlab.config.rules import BatchSizes, ConfigError
-from litlab.run.identity import run_identity
 from tests.conftest import compose_train
 
 # Composed once, at import: composing costs more than the checks under test, and mutmut's runs

@@ -8,14 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import fsspec
 import pytest
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
 from litlab.errors import spawned_rank_failure
-from litlab.launch.ranks import with_agreed_run_dir
 from litlab.run.failures import _how_it_ended, lost_a_peer
 from litlab.storage.roots import (
     StorageFailed,
@@ -116,9 +114,3 @@ def test_a_lost_peer_is_told_from_a_rank_s_own_error():
     killed.send_signal(signal.SIGKILL)
     assert _how_it_ended(killed.wait()) == "was killed by SIGKILL"
     assert _how_it_ended(3) == "exited with status 3"
-
-
-def test_outside_torchrun_the_command_line_is_left_alone(monkeypatch):
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    args = ["trainer.max_epochs=1", f"hydra.run.dir={Path('x')}"]
-    assert with_agreed_run_dir("train", args) == args

@@ -83,10 +83,10 @@ def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeyp
     assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank
 
 
-def test_runs_started_in_the_same_second_get_different_directories_listed_in_start_order(
+def test_multiruns_started_in_the_same_second_get_different_directories_listed_in_start_order(
     tmp_path, monkeypatch
 ):
-    # Eight launches within one second, each a few milliseconds after the last: `ls runs/` (and
+    # Eight launches within one second, each a few milliseconds after the last: `ls multiruns/` (and
     # sorted()) must list them as they started, whatever their random suffixes are.
     import datetime as dt
 
@@ -100,7 +100,7 @@ def test_runs_started_in_the_same_second_get_different_directories_listed_in_sta
             return next(starts)
 
     monkeypatch.setattr(litlab.config.resolvers, "dt", SimpleNamespace(datetime=StartingClock))
-    dirs = [compose_train([f"paths.log_dir={tmp_path}"], tmp_path).hydra.run.dir for _ in range(8)]
-    prefix = f"{tmp_path}/train/runs/2026-12-02_01-02-03_"
+    dirs = [compose_train([f"paths.log_dir={tmp_path}"], tmp_path).hydra.sweep.dir for _ in range(8)]
+    prefix = f"{tmp_path}/train/multiruns/2026-12-02_01-02-03_"
     assert all(d.startswith(prefix) for d in dirs), dirs
     assert len(set(dirs)) == 8 and sorted(dirs) == dirs, dirs

@@ -48,7 +48,7 @@ def test_auto_shrink_halves_the_micro_batch_until_it_fits_and_keeps_the_effectiv
     # limit_train_batches=4 at 128 is 4 optimizer steps; doubled twice with the halvings, it still is.
     assert outcome["global_step"] == 4
     assert logged(tmp_path / "run", "micro-batch 32 x accumulation 4 fits (effective batch 128)")
-    (config,) = (tmp_path / "logs" / "storage").glob("*/config.yaml")  # the stored config says what ran
+    (config,) = (tmp_path / "logs" / "train" / "runs").glob("*/config.yaml")  # the stored config: what ran
     assert OmegaConf.load(config).data.batch_size == 32
 
 

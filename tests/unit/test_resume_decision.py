@@ -87,7 +87,7 @@ def test_when_no_checkpoint_loads_the_run_starts_fresh_and_the_files_are_moved_a
     with caplog.at_level(logging.WARNING, logger="litlab"):
         decision = resume.decide("auto", storage, is_global_zero=True)
     assert decision == Decision()
-    assert not Path(storage.path).exists()
+    assert not storage.has_files() and not (Path(storage.path) / "checkpoints").exists()
     (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
     assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"not a zip"
     assert "starting fresh" in caplog.text
@@ -131,10 +131,19 @@ def test_an_unfinished_summary_does_not_stop_the_resume(storage):
 
 def test_resume_never_starts_fresh_and_moves_the_earlier_files_aside(storage):
     save_checkpoint(storage, "last.ckpt", step=9)
+    storage.write_text("summary.json", json.dumps({"status": "completed"}))
+    # Hydra's record of the start under way, in the run's folder (local storage): it stays.
+    folder = Path(storage.path)
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (folder / "train.log").write_text("the first start\nthis start\n")
     assert resume.decide("never", storage, is_global_zero=True) == Decision()
-    assert not Path(storage.path).exists()
+    assert sorted(p.name for p in folder.iterdir()) == [".hydra", "train.log"]
+    assert not storage.has_files()  # what is left is not the run's
     (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "summary.json", "train.log"]
     assert (aside / "checkpoints" / "last.ckpt").is_file()
+    assert (aside / "train.log").read_text() == (folder / "train.log").read_text()  # the earlier run's log
 
 
 def test_resume_never_on_an_empty_folder_moves_nothing(storage):
@@ -320,7 +329,7 @@ def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
     assert decision.tensorboard_dir == tmp_path / "own"
 
 
-# --- a code change is a new run (litlab.run.identity.CodeVersion records, as prepare_run passes them) --
+# --- a code change is a new run (litlab.config.identity.CodeVersion records, as prepare_run passes them) --
 
 CODE_A = {"fingerprint": "a" * 40, "files": {"project/module.py": "1", "configs/model/cnn.yaml": "1"}}
 CODE_B = {"fingerprint": "b" * 40, "files": {"project/module.py": "2", "configs/model/cnn.yaml": "1"}}

@@ -30,9 +30,9 @@ from omegaconf.errors import (
 )
 
 from litlab.config import rules, schema, signatures
+from litlab.config.identity import run_identity
 from litlab.config.preflight import CONFIG_DIR, check_train_config, config_dirs
 from litlab.logs import global_rank
-from litlab.run.identity import run_identity
 from litlab.storage import lock, roots
 
 

@@ -22,7 +22,7 @@ from litlab.cli.paths import check_pasted_paths
 from litlab.cli.preflight import check_or_exit
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR, check_train_config
-from litlab.launch import multirun, ranks
+from litlab.launch import multirun
 from litlab.run.summary import SWEEP_JOB_ENV, sweep_job
 
 schema.register()
@@ -46,10 +46,9 @@ def main() -> None:
     checked = None
     if SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
         checked = check_or_exit("train", args)
-    sys.argv[1:] = ranks.with_agreed_run_dir("train", args)  # torchrun: rank 0's run directory
     try:
         one_run = checked is not None and checked.hydra.mode != RunMode.MULTIRUN  # no sweep file either
-        if one_run and sys.argv[1:] == args:
+        if one_run:
             run_checked(checked, one_line_exit=True)  # the checked config, not composed again
         else:
             train()  # Hydra's flags, a sweep, a sweep's job, a torchrun rank: Hydra's own main

@@ -1,29 +1,25 @@
 """The OmegaConf resolvers litlab's configs use, registered once per process before composing.
 
-``litlab_start_stamp`` (a run's or multirun's directory name), ``litlab_cwd``, ``litlab_direction``
-(Optuna's direction), ``litlab_run_stamp`` (the run directory's last part, the same on every rank),
-``litlab_rank_zero_only``, the Slurm sizes ``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and
-``litlab_config_groups`` of ``litlab.config.usage``.
+``litlab_run_folder`` (a run's folder name), ``litlab_job_folder`` (a sweep job's),
+``litlab_start_stamp`` (a multirun's or an evaluation's directory name), ``litlab_cwd``,
+``litlab_direction`` (Optuna's direction), ``litlab_rank_zero_only``, the Slurm sizes
+``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and ``litlab_config_groups`` of
+``litlab.config.usage``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import logging
 import os
 import secrets
 import warnings
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from litlab.config import usage
+from litlab.config import identity, usage
 from litlab.config.rules import device_count
 from litlab.logs import global_rank
-from litlab.torchrun import shares_agent_store, under_torchrun
-
-log = logging.getLogger(__name__)
 
 
 def register() -> None:
@@ -41,7 +37,8 @@ def register() -> None:
     # deprecated. The match is what we want; the warning would print on every such multirun.
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_local' is validated against")
     launch_resolvers = {
-        "litlab_run_stamp": run_stamp,
+        "litlab_run_folder": run_folder,
+        "litlab_job_folder": job_folder,
         "litlab_rank_zero_only": rank_zero_only,
         "litlab_tasks_per_node": tasks_per_node,
         "litlab_gpus_per_node": gpus_per_node,
@@ -67,28 +64,16 @@ def start_dir() -> str:
     return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
 
 
-@functools.cache
-def run_stamp(proposal: str) -> str:
-    """The last part of the run directory, the same in every rank of one launch.
+def run_folder(start_stamp: str, *, _root_: DictConfig) -> str:
+    """``hydra.run.dir``'s last part: a training run's folder (``litlab.config.identity.run_folder``);
+    ``start_stamp`` for what has no run identity (``litlab-eval``)."""
+    return identity.run_folder(_root_) if "storage" in _root_ else start_stamp
 
-    ``proposal`` (timestamp + random suffix, resolved by this process) is used as it is when this
-    process is the only rank, and under torchrun (``with_agreed_run_dir`` then pins the directory of
-    global rank 0 for every rank). In a Slurm step of several tasks (``srun``) every task derives it
-    from the job and step ids, which also keeps a requeued job in its run directory. For launchers
-    litlab does not know, give every rank the same ``hydra.run.dir``.
-    """
-    if under_torchrun() and not shares_agent_store():
-        # No shared store to agree through (e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): the rendezvous id is.
-        run_id = os.environ["TORCHELASTIC_RUN_ID"]
-        if run_id != "none":
-            return f"torchrun-{run_id}"
-        log.warning(
-            "torchrun without an agent store or --rdzv-id: each rank may write its own run directory; "
-            "give every rank the same hydra.run.dir"
-        )
-    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # inside `srun` with several tasks
-        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    return proposal
+
+def job_folder(number: int, run_dir: str, *, _root_: DictConfig) -> str:
+    """``hydra.sweep.subdir``: a training job's run folder (absolute: Hydra and the pool join it to
+    the sweep's folder, which leaves it as it is); the job's number for what has no run identity."""
+    return str(run_dir) if "storage" in _root_ else str(number)
 
 
 def rank_zero_only(value: Any) -> Any:

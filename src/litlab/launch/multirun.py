@@ -56,6 +56,8 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     recorded in summary.json; in a launcher's process it returns None (the sweep goes on)."""
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     is_child = HydraConfig.get().mode != RunMode.MULTIRUN
+    if not is_child and global_rank() == 0:
+        list_job(HydraConfig.get(), job_dir)
     try:
         # A bad value fails here, in milliseconds, before torch loads or a child starts.
         check_train_config(cfg, list(HydraConfig.get().overrides.task))
@@ -89,6 +91,18 @@ def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.tr
         "hydra.mode=RUN",  # a sweep file sets MULTIRUN; this one process is a single run
         "hydra.output_subdir=null",  # the job's .hydra/ (written by the sweep) stays as it is
     ]
+
+
+def list_job(hydra: DictConfig, job_dir: Path) -> None:
+    """List a job whose folder is its run's (``runs/<run folder>``) in the sweep's folder: a link
+    ``<sweep dir>/<job number>`` to it, which ``ls``, reports and ``litlab-compare`` read as the job."""
+    sweep_dir = Path(str(hydra.sweep.dir)).absolute()
+    if job_dir.absolute().parent == sweep_dir:
+        return
+    link = sweep_dir / str(hydra.job.num)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():  # relative: the logs folder can be moved or copied whole
+        link.symlink_to(os.path.relpath(job_dir.absolute(), sweep_dir), target_is_directory=True)
 
 
 def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:

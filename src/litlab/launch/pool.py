@@ -386,7 +386,7 @@ class DevicePoolLauncher(Launcher):
 
     @staticmethod
     def _identity(task_cfg: DictConfig) -> str | None:
-        from litlab.run.identity import run_identity
+        from litlab.config.identity import run_identity
 
         return run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
 
@@ -421,59 +421,71 @@ class DevicePoolLauncher(Launcher):
         return config
 
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
-        """The job's folder, .hydra/ and command.sh; the job's JobReturn instead for a job that does
-        not start: too large, or completed by an earlier sweep."""
+        """The job's folder (its run's, listed in the sweep's folder), .hydra/ and command.sh; the
+        job's JobReturn instead for a job that does not start: too large, a bad value, or completed
+        by an earlier run."""
         from litlab.config.rules import device_count
-        from litlab.launch.multirun import child_command
+        from litlab.launch.multirun import child_command, list_job
 
         config = self._job_config(index, list(queued.overrides))
         job_dir = Path(config.hydra.runtime.output_dir)
-        job_dir.mkdir(parents=True, exist_ok=True)
         task_cfg = self._task_config(config)
-        if config.hydra.output_subdir is not None:
-            hydra_output = job_dir / str(config.hydra.output_subdir)
-            _save_config(task_cfg, "config.yaml", hydra_output)
-            _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
-            _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
         command = child_command(config.hydra, job_dir, self._entry_module())
-        (job_dir / "command.sh").write_text(
-            "#!/bin/sh\n# This sweep job alone, as the sweep ran it (from the sweep's directory):\n"
-            f"cd {shlex.quote(str(config.hydra.runtime.cwd))}\n{shlex.join(command)}\n"
-        )
         log.info("\t#%d : %s", index, " ".join(filter_overrides(queued.overrides)))
         devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
         accelerator = OmegaConf.select(task_cfg, "trainer.accelerator", default="auto")
-        nodes = OmegaConf.select(task_cfg, "trainer.num_nodes", default=1)
         need = device_count(devices)
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
             need = 1 if accelerator == "cpu" else schedule.size
         job = _Job(index, config, job_dir, command, need, dict(queued.env), self._identity(task_cfg))
+        refusal = self._refusal(job, task_cfg, schedule)
+        if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
+            job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
+            self._write_job_files(job, task_cfg)
+            return self._not_started(job, refusal)
+        completed = self._completed_summary(task_cfg, config.hydra)
+        if completed is not None:  # the run's folder shows it as it completed
+            log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
+            list_job(config.hydra, job_dir)
+            return self._job_return(job, completed)
+        self._write_job_files(job, task_cfg)
+        list_job(config.hydra, job_dir)
+        return job
+
+    def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
+        """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
+        config = job.config
+        job.dir.mkdir(parents=True, exist_ok=True)
+        if config.hydra.output_subdir is not None:
+            hydra_output = job.dir / str(config.hydra.output_subdir)
+            _save_config(task_cfg, "config.yaml", hydra_output)
+            _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
+            _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
+        (job.dir / "command.sh").write_text(
+            "#!/bin/sh\n# This sweep job alone, as the sweep ran it (from the sweep's directory):\n"
+            f"cd {shlex.quote(str(config.hydra.runtime.cwd))}\n{shlex.join(job.command)}\n"
+        )
+
+    def _refusal(self, job: _Job, task_cfg: DictConfig, schedule: DeviceSchedule) -> str | None:
+        """Why the job cannot start (too large for the pool, a bad value), or None."""
+        from litlab.config.preflight import check_train_config
+        from litlab.config.rules import ConfigError
+
+        devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
+        nodes = OmegaConf.select(task_cfg, "trainer.num_nodes", default=1)
         if isinstance(nodes, int) and nodes > 1:
-            return self._not_started(
-                job, f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
-            )
-        if not schedule.fits_ever(need):
-            return self._not_started(
-                job,
-                f"the job needs {need} devices (trainer.devices={devices}) and the pool has {schedule.size} "
-                f"({','.join(schedule.ids)}): set hydra.launcher.devices",
+            return f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
+        if not schedule.fits_ever(job.need):
+            return (
+                f"the job needs {job.need} devices (trainer.devices={devices}) and the pool has "
+                f"{schedule.size} ({','.join(schedule.ids)}): set hydra.launcher.devices"
             )
         if task_cfg.get("task_name") == "train":  # a bad value: a failed row at once, no process
-            from litlab.config.preflight import check_train_config
-            from litlab.config.rules import ConfigError
-
             try:
-                check_train_config(config, list(config.hydra.overrides.task))
+                check_train_config(job.config, list(job.config.hydra.overrides.task))
             except ConfigError as error:
-                return self._not_started(job, str(error))
-        completed = self._completed_summary(task_cfg, config.hydra)
-        if completed is not None:
-            log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
-            completed["run_dir"] = str(job_dir)
-            completed["sweep"] = {**self._sweep_record(job), "skipped": True}
-            (job_dir / "summary.json").write_text(json.dumps(completed, indent=2, default=str) + "\n")
-            return self._job_return(job, completed)
-        return job
+                return str(error)
+        return None
 
     def _entry_module(self) -> str:
         """The module whose command the jobs run: the one that defines the task function
@@ -495,7 +507,7 @@ class DevicePoolLauncher(Launcher):
     def _completed_summary(task_cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
         """The stored summary of this job's run identity when that run completed with the user's code
         as it is now (local storage, resume=auto): what the job's own process would find and stop at."""
-        from litlab.run.identity import code_version, run_identity
+        from litlab.config.identity import code_version, run_identity
         from litlab.storage.resume import completed_summary
         from litlab.storage.roots import RunStorage
 

@@ -39,11 +39,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.identity import NOT_IDENTITY
 from litlab.config.pruners import TRIAL_ENV, check_pruner, make_pruner, quiet_optuna
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch.pool import QueuedJob
-from litlab.run.identity import NOT_IDENTITY
 
 if TYPE_CHECKING:
     import optuna

@@ -185,6 +185,8 @@ class Watchdog:
         if self.stopped:
             return
         self.stopped, self.running = True, False
+        # Here too, not only at the thread's next look: the process may end before that look.
+        (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
         if self.signal_pipe is not None and threading.current_thread() is threading.main_thread():
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(self.previous_wakeup_fd if self.previous_wakeup_fd is not None else -1)

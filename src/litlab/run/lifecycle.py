@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
+from litlab.config.identity import code_version, run_identity
 from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
 from litlab.logs import global_rank
@@ -31,7 +32,6 @@ from litlab.run import doctor
 from litlab.run.ending import failure_reason
 from litlab.run.failures import restore_signal_handlers
 from litlab.run.hangs import stop_watching
-from litlab.run.identity import code_version, run_identity
 from litlab.run.loggers import log_final_metrics
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups, sweep_job
 from litlab.storage import resume
@@ -76,6 +76,11 @@ class Run:
     @property
     def checkpoint_dir(self) -> str:
         return self.storage.checkpoint_url
+
+    @property
+    def stored_in_own_dir(self) -> bool:
+        """The run's storage folder is its own directory (local storage, Hydra's default run dir)."""
+        return self.storage.is_local and Path(self.storage.path).resolve() == self.dir.resolve()
 
     @property
     def is_global_zero(self) -> bool:
@@ -176,13 +181,12 @@ def prepare_run(cfg: DictConfig) -> Run:
         storage = run.storage = RunStorage(cfg.storage.root, identity, options)
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
-        if run.is_global_zero:  # the run directory (a sweep job's, say) still shows the run's outcome
+        if run.is_global_zero and not run.stored_in_own_dir:  # a sweep job's directory shows the outcome
             Summary.from_dict(run.resume.completed_summary).write(run_dir / "summary.json")
         return run
     run.resume_from = run.resume.point.url if run.resume.point else None
     if run.is_global_zero:
         storage.prepare()
-        storage.link_into(run_dir)
         resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage)
         resume.record_start(storage, run.resume, run_dir)
         storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))  # no credentials (redact.py)
@@ -262,7 +266,8 @@ def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **
     if run.is_global_zero:
         text = summary.to_json()
         write_text_atomic(run.dir / "summary.json", text)  # a full disk never leaves half a summary
-        run.storage.write_text("summary.json", text)
+        if not run.stored_in_own_dir:
+            run.storage.write_text("summary.json", text)
     return summary
 
 

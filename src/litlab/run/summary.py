@@ -79,7 +79,7 @@ class Summary:
     diagnosis: list[dict[str, Any]] | None = None  # what litlab.run.doctor found in the run's numbers
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
-    code_fingerprint: str | None = None  # the user's code and configs (litlab.run.identity.CodeVersion)
+    code_fingerprint: str | None = None  # the user's code and configs (litlab.config.identity.CodeVersion)
 
     @property
     def completed(self) -> bool:

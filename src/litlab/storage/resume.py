@@ -90,7 +90,7 @@ def decide(
 ) -> Decision:
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
 
-    ``code`` is the user's code as it is now (``litlab.run.identity.CodeVersion.record``): with it,
+    ``code`` is the user's code as it is now (``litlab.config.identity.CodeVersion.record``): with it,
     the decision is made in that code's storage folder (``folder_for_code``; ``Decision.identity``).
     A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
     always starts fresh, so it can be repeated.

@@ -33,6 +33,9 @@ log = logging.getLogger("litlab")
 CHECKPOINT_SUFFIX = ".ckpt"
 TEMPORARY_SUFFIX = ".tmp"  # an interrupted atomic write leaves ``.<name>.<random>.tmp`` behind
 OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs")}
+# Hydra's record of a start in the run's folder, which is the storage folder when storage is local
+# (hydra.run.dir): it belongs to the start under way, not to what the run stored.
+HYDRA_RECORD = (".hydra", "train.log")
 # Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
 _BACKOFF_CAP_S = 20
 
@@ -273,16 +276,28 @@ class RunStorage:
         return [str(p) for p in leftovers]
 
     def has_files(self) -> bool:
+        """Whether the run stored anything here (Hydra's record of a start does not count)."""
         try:
-            return bool(self.fs.find(self.path))
+            found = self.fs.find(self.path)
         except FileNotFoundError:
             return False
+        return any(self._entry_of(f) not in HYDRA_RECORD for f in found)
+
+    def _entry_of(self, path: str) -> str:
+        return path[len(self.path) :].lstrip("/").split("/", 1)[0]
 
     def set_aside(self) -> str:
-        """Move this folder to ``<identity>.replaced-<time>`` (nothing is deleted); returns its URL."""
+        """Move what the run stored here to ``<folder>.replaced-<time>`` (nothing is deleted); returns
+        its URL. Hydra's record of the start under way stays (train.log is copied: the file is open)."""
         stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         target = f"{self.path}.replaced-{stamp}"
-        self.fs.mv(self.path, target, recursive=True)
+        self.fs.makedirs(target, exist_ok=True)
+        for entry in self.fs.ls(self.path, detail=False, refresh=True):
+            name = self._entry_of(str(entry))
+            if name == "train.log":
+                self.fs.cp_file(entry, f"{target}/{name}")
+            elif name not in HYDRA_RECORD:
+                self.fs.mv(entry, f"{target}/{name}", recursive=True)
         return target if self.is_local else self.fs.unstrip_protocol(target)
 
     def upload_changed(self, local_dir: Path, name: str) -> None:
@@ -300,14 +315,6 @@ class RunStorage:
         for entry in entries:
             self.fs.get_file(entry["name"], str(local_dir / entry["name"].rsplit("/", 1)[-1]))
         return len(entries)
-
-    def link_into(self, run_dir: Path) -> None:
-        """Make ``<run dir>/checkpoints`` lead to this run's checkpoints, where they are on this
-        machine. Remote ones are named by summary.json (``storage_dir``, ``checkpoints.dir``) and by
-        train.log's line that starts the run."""
-        link = run_dir / "checkpoints"
-        if self.is_local and not (link.exists() or link.is_symlink()):
-            link.symlink_to(Path(self.path) / "checkpoints", target_is_directory=True)
 
 
 def _modified(entry: Mapping[str, Any]) -> float:

@@ -1,17 +1,19 @@
-"""A run's identity: the name its storage folder, its resume point and its lock are found by; and
-the version of the user's code (``code_version``) that makes a changed model a new run.
+"""A run's identity: the name its folder, its resume point and its lock are found by; and the
+version of the user's code (``code_version``) that makes a changed model a new run.
 
 Nothing here imports torch: the preflight computes the identity to check the run's lock before torch
-loads, and hashing the code reads a few files.
+loads, Hydra names the run's folder (``run_folder``) before the run starts, and hashing the code
+reads a few files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import site
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,11 @@ from typing import Any
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+from litlab.storage import resume
+from litlab.storage.roots import RunStorage, storage_options
+
+log = logging.getLogger(__name__)
 
 # Overrides that say where or how a run is launched, not what it is: not part of its identity.
 _NOT_IDENTITY = (
@@ -33,15 +40,37 @@ _NOT_IDENTITY = (
 NOT_IDENTITY = _NOT_IDENTITY  # also left out of an Optuna search's study name (litlab.launch.search)
 
 
-def run_identity(cfg: DictConfig) -> str:
-    """``run_name``, or the experiment name plus a hash of the overrides that define the run."""
+def run_identity(cfg: DictConfig, overrides: Sequence[str] | None = None) -> str:
+    """``run_name``, or the experiment name plus a hash of the overrides that define the run (the
+    command line's: ``overrides``, else those of the job Hydra runs)."""
     if cfg.run_name:
         return str(cfg.run_name)
-    overrides = sorted(
-        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(_NOT_IDENTITY)
-    )
+    typed = HydraConfig.get().overrides.task if overrides is None else overrides
+    overrides = sorted(o for o in typed if not o.lstrip("+~").startswith(_NOT_IDENTITY))
     digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
     return f"{cfg.experiment_name}-{digest}"
+
+
+def run_folder(cfg: DictConfig) -> str:
+    """The name of the run's folder, under ``<log dir>/<task>/runs/`` and under the storage root: its
+    identity, or, once that run completed with other code, this code's version of it (decided as the
+    run's start decides it, ``litlab.storage.resume.folder_for_code``). ``cfg`` holds Hydra's node.
+
+    Every rank, every restart and every requeue of one command computes the same name from the
+    command and the storage, so ranks need not agree on it and a requeued job finds its folder.
+    """
+    identity = run_identity(cfg, list(cfg.hydra.overrides.task))
+    if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
+        return identity  # a debug run always starts fresh in the identity's folder (resume.decide)
+    code = code_version(cfg, cfg.hydra).record()
+    try:
+        storage = RunStorage(str(cfg.storage.root), identity, storage_options(cfg.storage))
+        never = str(cfg.resume) == resume.NEVER
+        return resume.folder_for_code(storage, code, continue_unfinished=not never).identity
+    except Exception as error:  # fsspec's, botocore's, an uninstalled backend's: each raises its own
+        # Storage that cannot be read: the run's start says why in one line (check_storage).
+        log.debug("run folder of %s named without its storage (%s)", identity, error)
+        return identity
 
 
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
