@@ -6,9 +6,9 @@
 #   node 1:  NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 NPROC=8 scripts/torchrun/multi_node.sh trainer=gpu
 #
 # World size NNODES x NPROC; global rank 0 (node 0) alone writes checkpoints and summary.json. Every
-# rank writes its train.log lines into global rank 0's run directory (the same absolute path): put
+# rank writes its train.log lines into the run's folder, which each names from the command: put
 # LITLAB_LOG_DIR on a filesystem all nodes share to keep them in one place (otherwise each node keeps
-# its ranks' lines under that path on its own disk). Other arguments go to litlab-train.
+# its ranks' lines in that folder under its own LITLAB_LOG_DIR). Other arguments go to litlab-train.
 set -euo pipefail
 : "${NNODES:?set NNODES, the number of nodes}"
 : "${NODE_RANK:?set NODE_RANK, the rank of this node (0..NNODES-1)}"
