@@ -67,13 +67,18 @@ def start_dir() -> str:
 def run_folder(start_stamp: str, *, _root_: DictConfig) -> str:
     """``hydra.run.dir``'s last part: a training run's folder (``litlab.config.identity.run_folder``);
     ``start_stamp`` for what has no run identity (``litlab-eval``)."""
-    return identity.run_folder(_root_) if "storage" in _root_ else start_stamp
+    return identity.run_folder(_root_) if _is_training_run(_root_) else start_stamp
 
 
 def job_folder(number: int, run_dir: str, *, _root_: DictConfig) -> str:
     """``hydra.sweep.subdir``: a training job's run folder (absolute: Hydra and the pool join it to
     the sweep's folder, which leaves it as it is); the job's number for what has no run identity."""
-    return str(run_dir) if "storage" in _root_ else str(number)
+    return str(run_dir) if _is_training_run(_root_) else str(number)
+
+
+def _is_training_run(cfg: DictConfig) -> bool:
+    """A config with a run identity (litlab-train's: it stores the run); litlab-eval's has none."""
+    return "storage" in cfg
 
 
 def rank_zero_only(value: Any) -> Any:
