@@ -55,8 +55,16 @@ mutation: $(SETUP) ## Mutation-test the engine's pure modules with mutmut (mutan
 	print("mutation score: %.1f%% (%d of %d mutants killed, %d survived, %d reached by no test)" \
 	% (100 * k / n, k, n, s["survived"], s["no_tests"])); sys.exit(k < 0.8 * n)'
 
-tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run's curves, HParams with final metrics (PORT=6006)
-	$(VENV)/bin/tensorboard --logdir $(LOGS) --port $(PORT)
+# TensorBoard follows links, and a sweep's multiruns/<sweep>/<n> links to a run folder in runs/: so it is
+# given each task's runs/ folder, named by the task, to show every run once (all of $(LOGS) before any run).
+comma := ,
+empty :=
+space := $(empty) $(empty)
+TASK_RUNS = $(patsubst %/,%,$(wildcard $(LOGS)/*/runs/))
+LOGDIR_SPEC = $(subst $(space),$(comma),$(foreach runs,$(TASK_RUNS),$(notdir $(runs:%/runs=%)):$(runs)))
+
+tensorboard: $(SETUP) ## Open TensorBoard on logs/: every run once, HParams with final metrics (PORT=6006)
+	$(VENV)/bin/tensorboard $(if $(TASK_RUNS),--logdir_spec $(LOGDIR_SPEC),--logdir $(LOGS)) --port $(PORT)
 
 bench: $(SETUP) ## Measure litlab against bare Lightning and plain PyTorch (benchmarks/; logs/bench/<time>/bench.md)
 	$(PYTHON) -m benchmarks.bench $(ARGS)

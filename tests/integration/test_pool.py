@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from litlab.launch.pool import cpu_share
+from litlab.report.collect import collect_runs
+from litlab.report.compare import build_report
+from litlab.run import sweep_record
 from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ranks_that_joined, start_litlab
 from tests.integration.test_sweeps import job_dirs, report_rows
 
@@ -147,3 +150,19 @@ def test_sigterm_stops_every_job_with_a_checkpoint_and_the_same_command_finishes
     assert [run["resumed_count"] for run in after[1:]] == [1, 1]  # from the preempted checkpoints
     assert [run["global_step"] for run in after] == [2, 8, 9]
     assert "job 0: run" in result.stdout and "already completed, skipped" in result.stdout
+    # Each sweep's record says what it did: the first trained job 0 and stopped 1 and 2; the second
+    # skipped job 0 (completed by the first) and trained the others on.
+    first_jobs, second_jobs = sweep_record.read(first)[0], sweep_record.read(second)[0]
+    assert [(j["outcome"], j["summary"]["status"]) for j in first_jobs] == [
+        ("trained", "completed"),
+        ("trained", "interrupted"),
+        ("trained", "interrupted"),
+    ]
+    assert [j["outcome"] for j in second_jobs] == ["skipped", "trained", "trained"]
+    assert f"job 0 of sweep {first}" in second_jobs[0]["note"]
+    # The first sweep's report is what it did, though its runs completed since; a run that both
+    # sweeps list (job 0) counts once.
+    assert [row["status"] for row in build_report(collect_runs([first])).rows] == ["completed"] + [
+        "interrupted"
+    ] * 2
+    assert build_report(collect_runs([first, second])).run_count == 5

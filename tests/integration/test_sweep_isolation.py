@@ -113,7 +113,7 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
     # One sweep, whatever ran its ranks: no rank started a sweep or a single run of its own.
     sweep_dir = jobs[0].run_dir.parent
     assert result.stdout.count("Launching 4 jobs") == 1, result.stdout[-3000:]
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [".jobs", "0", "1", "2", "3"]
     # Each job's folder is its run's (the sweep's folder links to it), each started once, no other run.
     runs = sorted((tmp_path / "sweep" / "train" / "runs").iterdir())
     assert sorted(job.run_dir.resolve() for job in jobs) == runs

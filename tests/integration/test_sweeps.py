@@ -193,18 +193,30 @@ def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tm
     out = tmp_path / "comparison"
     ok(litlab("litlab-compare", str(grid_sweep), str(second), "--out", str(out)))
     rows = report_rows(out)
-    runs = summaries(grid_sweep) + summaries(second)
-    assert len(rows) == len(runs) == 6
-    assert [r["run"] for r in rows] == [f"{grid_sweep.name}/{i}" for i in range(4)] + [
-        f"{second.name}/{i}" for i in range(2)
+    grid_runs, second_runs = summaries(grid_sweep), summaries(second)
+    # The joblib sweep ran the grid's fp32 settings (accumulation 1 and 2) with the same code: two
+    # distinct runs of each of those configurations, one row each with n = 2.
+    g, s = grid_sweep.name, second.name
+    assert [(r["run"], r["n"]) for r in rows] == [
+        (f"{g}/0, {s}/0", "2"),
+        (f"{g}/1, {s}/1", "2"),
+        (f"{g}/2", "1"),
+        (f"{g}/3", "1"),
     ]
-    # Same settings, same device count: the first matching run (the grid's fp32, accumulation 1)
-    # is the baseline of both sweeps' rows.
-    base = runs[0]
-    assert {r["baseline"] for r in rows} == {f"{grid_sweep.name}/0"}
-    for row, run in zip(rows, runs, strict=True):
-        speed_up = run["throughput"]["samples_per_second"] / base["throughput"]["samples_per_second"]
-        assert close(row["speed_up"], speed_up)
+    runs_of_rows = [
+        [grid_runs[0], second_runs[0]],
+        [grid_runs[1], second_runs[1]],
+        [grid_runs[2]],
+        [grid_runs[3]],
+    ]
+    # Same settings, same device count: the fp32, accumulation 1 configuration is every row's baseline.
+    assert {r["baseline"] for r in rows} == {f"{g}/0, {s}/0"}
+
+    def mean_speed(runs: list[dict]) -> float:
+        return sum(run["throughput"]["samples_per_second"] for run in runs) / len(runs)
+
+    for row, runs in zip(rows, runs_of_rows, strict=True):
+        assert close(row["speed_up"], mean_speed(runs) / mean_speed(runs_of_rows[0]))
     assert (out / "report.png").stat().st_size > 0
 
 

@@ -161,6 +161,36 @@ def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, mo
     code = code_version(task_cfg, config.hydra).record()
     resume.record_start(storage, resume.Decision(code=code), tmp_path / "job")
     storage.write_text("summary.json", json.dumps({"status": "completed", "run_name": storage.identity}))
-    assert DevicePoolLauncher._completed_summary(task_cfg, config.hydra)["run_name"] == storage.identity
+    found, summary = DevicePoolLauncher._found_in_storage(task_cfg, config.hydra)
+    assert found == "skipped" and summary["run_name"] == storage.identity
     (package / "__init__.py").write_text(MARKER.replace("pass", "width = 2"))
-    assert DevicePoolLauncher._completed_summary(task_cfg, config.hydra) is None
+    assert DevicePoolLauncher._found_in_storage(task_cfg, config.hydra) is None
+
+
+def test_a_run_resumed_across_a_code_edit_is_marked_in_its_summary(tmp_path, monkeypatch):
+    """A run killed after its checkpoint, the code edited, the same command: it resumes (a requeue
+    never starts over) and trained partly under each version, which summary.json says."""
+    package = tmp_path / "room" / "resumedcallbacks"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(MARKER)
+    monkeypatch.syspath_prepend(str(package.parent))
+    run = [
+        *TINY,
+        f"paths.log_dir={tmp_path / 'logs'}",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1",
+        "logger=none",
+        "model=mlp",
+        "test_after_fit=false",
+        "+callbacks.marker._target_=resumedcallbacks.Marker",
+    ]
+    first = litlab.train(run)
+    assert first["resumed_across"] == []
+    Path(first["storage_dir"], "summary.json").unlink()  # killed after its checkpoint: unfinished
+    (package / "__init__.py").write_text(MARKER.replace("pass", "width = 2"))
+    resumed = litlab.train(run)
+    assert resumed["run_name"] == first["run_name"] and resumed["resumed_count"] == 1
+    assert resumed["code_fingerprint"] != first["code_fingerprint"]
+    assert resumed["resumed_across"] == [
+        f"code {first['code_fingerprint'][:8]}→{resumed['code_fingerprint'][:8]}"
+    ]

@@ -1,21 +1,21 @@
 """The config rules types cannot express (``litlab.config.rules``): each bad value is refused with one
 sentence naming the key, the value and what is allowed; batch sizes follow from devices, nodes and
-accumulation; a run's identity hashes only the overrides that define it."""
+accumulation; a run's identity hashes what it trains."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import zipfile
 from pathlib import Path
 
 import pytest
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litlab.config import rules
-from litlab.config.identity import run_identity
+from litlab.config.identity import run_identity, run_settings
 from litlab.config.rules import BatchSizes, ConfigError
 from tests.conftest import compose_train
 
@@ -297,17 +297,12 @@ def test_eval_needs_a_checkpoint_file_that_is_a_zip_archive(tmp_path):
     rules.check_eval(OmegaConf.create({"ckpt_path": "s3://bucket/run/last.ckpt"}))  # checked when read
 
 
-def identity_of(*overrides: str, run_name: str | None = None) -> str:
-    """The identity of the composed config launched with these overrides (and ``run_name``)."""
-    cfg = copy.deepcopy(COMPOSED)
-    cfg.run_name = run_name
-    with read_write(cfg.hydra):
-        cfg.hydra.overrides.task = list(overrides)
-    HydraConfig.instance().set_config(cfg)
-    return run_identity(cfg)
+def identity_of(*overrides: str) -> str:
+    """The identity of the config composed with these overrides."""
+    return run_identity(compose_train(list(overrides), Path("run")))
 
 
-def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launched():
+def test_the_identity_hashes_what_the_run_trains_not_where_or_how_it_is_launched():
     plain = identity_of("model=mlp", "trainer.max_epochs=3")
     assert identity_of("trainer.max_epochs=3", "model=mlp") == plain  # order does not matter
     launch_only = [
@@ -316,21 +311,39 @@ def test_the_identity_hashes_what_defines_the_run_not_where_or_how_it_is_launche
         "run_name=",
         "paths.log_dir=/tmp/x",
         "storage.root=/tmp/y",
-        "hydra/launcher=joblib",
         "storage=s3",
         "hydra.launcher.devices=2",
         "+paths.extra=1",
-        "~storage.copy_logs",
+        "storage.copy_logs=true",
+        "logger=csv",
+        "hang_timeout=60",
     ]
     assert identity_of("model=mlp", "trainer.max_epochs=3", *launch_only) == plain
+    # What the run trains, resolved: the default value spelled out, or spelled otherwise, is the same run.
+    assert identity_of("model=mlp", "trainer.max_epochs=3", "optimizer.lr=3e-3", "seed=42") == plain
     assert identity_of("model=mlp", "trainer.max_epochs=4") != plain
     assert identity_of("model=mlp", "trainer.max_epochs=3", "+trainer.extra=1") != plain
+    assert identity_of("model=mlp", "trainer.max_epochs=3", "seed=7") != plain
     assert identity_of() != plain
-    # Stable across versions (a run started before an upgrade resumes after it): the experiment name
-    # and the first 10 hex digits of the SHA-1 of the sorted overrides, one per line.
-    digest = hashlib.sha1(b"model=mlp\ntrainer.max_epochs=3").hexdigest()[:10]
+    # The experiment name and the first 10 hex digits of the SHA-1 of the sorted settings, as JSON.
+    settings = run_settings(compose_train(["model=mlp", "trainer.max_epochs=3"], Path("run")))
+    assert settings["trainer.max_epochs"] == 3 and settings["optimizer.lr"] == 0.003
+    assert not any(key.split(".")[0] in ("hydra", "paths", "storage", "logger") for key in settings)
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     assert plain == f"{COMPOSED.experiment_name}-{digest}"
 
 
 def test_a_run_name_is_the_identity():
-    assert identity_of("model=mlp", run_name="mine") == "mine"
+    assert identity_of("model=mlp", "run_name=mine") == "mine"
+
+
+def test_an_accumulation_typed_as_text_is_refused_never_multiplied(cfg):
+    """``trainer.accumulate_grad_batches=02`` in a sweep is the string "02": a failed row's effective
+    batch was 64 x "02", the string repeated."""
+    from litlab.run.summary import FAILED, Summary
+
+    cfg.trainer.accumulate_grad_batches = "02"
+    with pytest.raises(ConfigError, match=r"^trainer.accumulate_grad_batches=02 is not allowed"):
+        rules.batch_sizes(cfg.data, cfg.trainer)
+    summary = Summary.of_config(cfg, FAILED, "refused", run_dir=None, choices={}, overrides=[])
+    assert summary.effective_batch_size is None and summary.accumulate_grad_batches == "02"

@@ -1,6 +1,7 @@
-"""A non-finite loss stops the run (or is skipped), and gradient clipping tames what would explode.
+"""A non-finite loss stops the run (or is skipped, and its samples are not counted as trained), and
+gradient clipping tames what would explode.
 
-In-process runs (``tests.conftest.train_in_process``, as ``litlab-train`` runs them). All use the
+In-process runs (``tests.conftest.train_in_process``, as ``litlab-train`` runs them). Most use the
 same absurd learning rate: plain SGD at 1e9 turns the loss to inf/nan within a few steps.
 Checkpoints are written after every optimizer step, so "the last good checkpoint" is the one just
 before the bad step; its weights must equal those of the same run stopped there on purpose
@@ -19,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.errors import LitlabError
+from project.vision.module import ImageClassifier
 from tests.conftest import TINY, logged, train_in_process
 
 EXPLODING = [
@@ -148,3 +150,43 @@ def test_a_skipped_steps_batch_norm_statistics_are_put_back(tmp_path):
             not torch.equal(buffers.start[step][k], buffers.end[step][k]) for k in buffers.start[step]
         )
         assert moved == (step != 2), step
+
+
+class ClassifierWithANanLossAt(ImageClassifier):
+    """The image classifier whose training loss is nan at the global steps ``nan_at_steps``."""
+
+    def __init__(self, *args, nan_at_steps: list[int], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_at_steps = set(nan_at_steps)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step in self.nan_at_steps else loss
+
+
+# 3 epochs of 4 batches; the first 5 batches are RunStats' warm-up, not timed. With accumulation 2,
+# step 2 has one warm-up and one timed micro-batch: only the timed one's samples are in the figure.
+@pytest.mark.parametrize(("accumulate", "nan_at_steps"), [(1, [2, 6, 9]), (2, [1, 2, 4])])
+def test_throughput_counts_only_the_samples_of_steps_that_were_trained(tmp_path, accumulate, nan_at_steps):
+    outcome = train_in_process(
+        tmp_path,
+        *[t for t in TINY if not t.startswith(("trainer.max_epochs", "trainer.limit_train_batches"))],
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=4",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        "model=mlp",
+        f"model._target_={__name__}.ClassifierWithANanLossAt",
+        f"+model.nan_at_steps={nan_at_steps}",
+        "on_nonfinite=skip",
+        "test_after_fit=false",
+    )
+    assert outcome["status"] == "completed" and outcome["accumulate_grad_batches"] == accumulate
+    skipped = outcome["nonfinite"]["skipped_at_steps"]
+    assert skipped == nan_at_steps and outcome["nonfinite"]["skipped_steps"] == len(skipped)
+    throughput = outcome["throughput"]
+    micro_batches = outcome["global_step"] * accumulate  # every step has `accumulate` micro-batches
+    # Micro-batch b belongs to optimizer step b // accumulate.
+    timed_steps = [b // accumulate for b in range(throughput["warmup_batches"], micro_batches)]
+    samples_per_micro_batch = outcome["micro_batch_size"] * outcome["world_size"]
+    trained = sum(samples_per_micro_batch for step in timed_steps if step not in skipped)
+    assert throughput["steady_state_samples"] == trained

@@ -152,6 +152,23 @@ def test_resume_never_on_an_empty_folder_moves_nothing(storage):
     assert not list(Path(storage.root).glob("*.replaced-*"))
 
 
+def test_resume_never_in_a_sweep_job_keeps_the_jobs_own_command_and_output(storage):
+    # A sweep job's first start: the sweep wrote its command.sh and opened its output.log first.
+    folder = Path(storage.path)
+    (folder / "command.sh").write_text("#!/bin/sh\nlitlab-train resume=never\n")
+    (folder / "output.log").write_text("this start\n")
+    (folder / ".hydra").mkdir()
+    assert not storage.has_files()
+    assert resume.decide("never", storage, is_global_zero=True) == Decision()
+    assert not list(Path(storage.root).glob("*.replaced-*"))  # nothing of a run was here
+    # A later start with resume=never: the earlier run goes aside with a copy of the output so far.
+    save_checkpoint(storage, "last.ckpt", step=9)
+    resume.decide("never", storage, is_global_zero=True)
+    assert sorted(p.name for p in folder.iterdir()) == [".hydra", "command.sh", "output.log"]
+    (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "output.log"]
+
+
 def test_an_explicit_checkpoint_is_resumed_even_when_the_run_completed(storage, tmp_path):
     storage.write_text("summary.json", json.dumps({"status": "completed"}))
     chosen = tmp_path / "chosen.ckpt"

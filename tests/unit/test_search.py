@@ -30,6 +30,8 @@ from litlab.launch.search import (
     study_name_of,
     within_budget,
 )
+from litlab.report.render import report_runs
+from litlab.run import sweep_record
 from tests.conftest import TINY, compose_train, logged, train_in_process
 
 SPACE = {"optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "data.batch_size": "choice(16, 32, 64)"}
@@ -200,7 +202,7 @@ def searcher(
     )
     settings = {"params": SPACE, "n_trials": 4, "sampler": {"name": "random", "seed": 0}, **settings}
     sweeper = OptunaSearch(**settings)
-    sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra config loader here
+    sweeper.check_composes = lambda overrides: None  # no Hydra config loader here
     sweeper.config = cfg
     sweeper.launcher = FunctionPool(tmp_path / sweep, job, slots)
     return sweeper, sweeper.launcher
@@ -241,6 +243,51 @@ def test_a_search_runs_n_trials_and_the_same_command_continues_it(tmp_path):
     more, pool_more = searcher(tmp_path, "sweep3", completed, n_trials=6)
     more.sweep(["model=mlp"])
     assert len(pool_more.started) == 2 and len(load(tmp_path).trials) == 6
+
+
+def test_a_study_complete_before_the_sweep_still_gets_its_report_and_says_how_to_go_on(tmp_path, caplog):
+    first, _ = searcher(tmp_path, "sweep1", completed, n_trials=2)
+    first.sweep(["model=mlp"])
+    # Another pruner or launcher is not another study: the same command finds it complete.
+    again, pool = searcher(tmp_path, "sweep2", completed, n_trials=2, pruner="none")
+    with caplog.at_level("WARNING", logger="litlab.launch.search"):
+        again.sweep(["model=mlp"])
+    assert pool.started == []
+    (line,) = [r.getMessage() for r in caplog.records if "nothing is left to run" in r.getMessage()]
+    assert "already has its 2 trials (2 spent)" in line
+    assert "hydra.sweeper.n_trials=4" in line and "hydra.sweeper.study_name=" in line
+    entries, _ = sweep_record.read(tmp_path / "sweep2")
+    study = load(tmp_path)
+    assert [e["outcome"] for e in entries] == ["skipped", "skipped"]
+    assert [e["summary"]["metrics"]["val/acc"] for e in entries] == [t.value for t in study.trials]
+    assert all(f"of study {study.study_name}" in e["note"] for e in entries)
+    report = report_runs([tmp_path / "sweep2"], tmp_path / "sweep2")
+    assert report.run_count == 2
+    best = OmegaConf.load(tmp_path / "sweep2" / "best_trial.yaml")
+    assert best.value == study.best_value
+
+
+def test_a_fixed_run_name_in_a_search_is_refused_before_any_trial(tmp_path, capsys):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config import resolvers, schema
+    from litlab.config.preflight import CONFIG_DIR
+
+    schema.register()
+    resolvers.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    arguments = ["hparams_search=optuna", "run_name=mine"]
+    cfg = loader.load_configuration("train", arguments, run_mode=RunMode.MULTIRUN)
+    sweeper, pool = searcher(tmp_path, "sweep", completed)
+    del sweeper.check_composes  # composed with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    with pytest.raises(SystemExit) as stopped:
+        sweeper.sweep(arguments)
+    assert stopped.value.code == 2 and pool.started == []
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("litlab: error: jobs #0 (") and "would share the run name mine" in error
 
 
 def test_pruned_failed_and_interrupted_trials(tmp_path):
@@ -306,7 +353,7 @@ def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_pa
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
     cfg = loader.load_configuration("train", ["hparams_search=optuna"], run_mode=RunMode.MULTIRUN)
     sweeper, pool = searcher(tmp_path, "sweep", completed)
-    del sweeper.validate_batch_is_legal  # Hydra's own check, with the real config loader
+    del sweeper.check_composes  # composed with the real config loader
     sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
     with pytest.raises(SystemExit) as stopped:
         sweeper.sweep(["model=choice(mlp,nosuch)"])

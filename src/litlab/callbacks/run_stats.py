@@ -19,6 +19,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from litlab.callbacks.combined import parts_of
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
+
 log = logging.getLogger(__name__)
 
 
@@ -57,9 +60,10 @@ class RunStats(Callback):
     validation excluded), training time per epoch, and peak memory of every rank.
 
     Works under DDP (every rank times its own batches; samples count across ranks) and with gradient
-    accumulation (every micro-batch counts its samples). On CUDA it synchronises only where a timing
-    window opens or closes (a few times an epoch), never per batch: a per-batch sync would stop the
-    CPU from queueing the next step while the GPU works, and slow the run it measures.
+    accumulation (every micro-batch counts its samples); the samples of optimizer steps that
+    ``NonFiniteLossGuard`` skipped (``on_nonfinite=skip``) do not count. On CUDA it synchronises only
+    where a timing window opens or closes (a few times an epoch), never per batch: a per-batch sync
+    would stop the CPU from queueing the next step while the GPU works, and slow the run it measures.
     """
 
     def __init__(self, warmup_batches: int = 5) -> None:
@@ -73,6 +77,13 @@ class RunStats(Callback):
         self._tokens = 0
         self._window_tokens = 0
         self._count_tokens: Any = None  # the module's batch_tokens, if it has one
+        self._skips: dict[str, Any] | None = None  # the report of a guard that skips non-finite steps
+        self._skips_seen = 0  # its skipped_steps when the last optimizer step ended
+        self._step = 0  # trainer.global_step when the last optimizer step ended
+        self._samples_at_step = 0  # timed samples (and tokens) counted when the last step ended
+        self._tokens_at_step = 0
+        self._skipped_samples = 0  # timed samples (and tokens) of the steps the guard skipped
+        self._skipped_tokens = 0
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
         self.torch_flags: dict[str, Any] = {}
@@ -87,6 +98,16 @@ class RunStats(Callback):
         self.torch_flags = torch_flags()
         count = getattr(pl_module, "batch_tokens", None)
         self._count_tokens = count if callable(count) else None
+        guards = [
+            part
+            for part in parts_of(trainer.callbacks)
+            if isinstance(part, NonFiniteLossGuard) and part.action == "skip"
+        ]
+        self._skips = guards[0].report if guards else None
+        self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
+        self._step = trainer.global_step
+        self._samples_at_step = self._samples + self._window_samples
+        self._tokens_at_step = self._tokens + self._window_tokens
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -113,6 +134,17 @@ class RunStats(Callback):
             self._window_samples += batch_samples(pl_module, batch) * trainer.world_size
             if self._count_tokens is not None:
                 self._window_tokens += int(self._count_tokens(batch)) * trainer.world_size
+        if self._skips is not None and trainer.global_step != self._step:  # this batch ended a step
+            self._end_step(trainer.global_step)
+
+    def _end_step(self, step: int) -> None:
+        samples, tokens = self._samples + self._window_samples, self._tokens + self._window_tokens
+        if self._skips["skipped_steps"] != self._skips_seen:
+            # The guard dropped this step's update: its samples took time but were not trained.
+            self._skips_seen = self._skips["skipped_steps"]
+            self._skipped_samples += samples - self._samples_at_step
+            self._skipped_tokens += tokens - self._tokens_at_step
+        self._step, self._samples_at_step, self._tokens_at_step = step, samples, tokens
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # validation is not training time
@@ -124,15 +156,18 @@ class RunStats(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # max_steps can end training mid-epoch
-        samples_per_second = self._samples / self._seconds if self._seconds > 0 else None
+        trained_samples = self._samples - self._skipped_samples
+        trained_tokens = self._tokens - self._skipped_tokens
+        samples_per_second = trained_samples / self._seconds if self._seconds > 0 else None
         epochs = self._epoch_seconds[1:] or self._epoch_seconds  # the first epoch includes warm-up
         tokens_per_second = (
-            self._tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
+            trained_tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
         )
         self.stats = {
             "samples_per_second": samples_per_second,
             "tokens_per_second": tokens_per_second,
             "steady_state_batches": max(0, self._batches - self.warmup_batches),
+            "steady_state_samples": trained_samples,  # of the steps trained
             "warmup_batches": self.warmup_batches,
             "seconds_per_epoch": statistics.median(epochs) if epochs else None,
             "memory": _peak_memory(trainer),

@@ -6,6 +6,8 @@
 
 Writes report.md, report.csv and report.png (``litlab.report``): one row per configuration against a
 baseline; runs that differ only in their seed are one row with confidence intervals (docs/sweeps.md).
+Exits 1 after writing the report when a row did not complete (failed, interrupted, running elsewhere),
+2 on bad input.
 """
 
 from __future__ import annotations
@@ -46,10 +48,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(
             2, "litlab-compare: error: several directories given: name the output folder with --out\n"
         )
+    out = args.out or args.paths[0]
     try:
-        report_runs(args.paths, args.out or args.paths[0], baseline=args.baseline, metric=args.metric)
+        report = report_runs(args.paths, out, baseline=args.baseline, metric=args.metric)
     except CompareError as error:
         parser.exit(2, f"litlab-compare: error: {error}\n")
+    if report.unfinished:  # as a sweep does: scripts notice
+        parser.exit(
+            1,
+            f"litlab-compare: {len(report.unfinished)} of {len(report.rows)} rows did not complete "
+            f"(failed, interrupted or running elsewhere): see {out / 'report.md'}\n",
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Sweeps (``-m``, comma lists) are left to Hydra: each job checks itself when it s
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -31,7 +30,7 @@ from omegaconf.errors import (
 
 from litlab.config import rules, schema, signatures
 from litlab.config.identity import run_identity
-from litlab.config.preflight import CONFIG_DIR, check_train_config, config_dirs
+from litlab.config.preflight import CONFIG_DIR, check_train_config, composition_message, config_dirs
 from litlab.logs import global_rank
 from litlab.storage import lock, roots
 
@@ -63,7 +62,7 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=config_name):
             cfg = compose(config_name, overrides=args, return_hydra_config=True)
     except MissingConfigException as error:
-        raise rules.ConfigError(_missing_option_message(error)) from None
+        raise rules.ConfigError(composition_message(error)) from None
     except (HydraException, OmegaConfBaseException) as error:
         raise rules.ConfigError(
             _user_group_key_message(config_name, args, error) or composition_message(error)
@@ -162,37 +161,6 @@ def _user_group_key_message(config_name: str, args: list[str], error: BaseExcept
     except Exception:  # the other overrides do not compose either: Hydra's message it is
         return None
     return None
-
-
-def composition_message(error: BaseException) -> str:
-    """One sentence from a Hydra/OmegaConf composition error and its cause."""
-    cause = error.__cause__
-    if isinstance(cause, OmegaConfBaseException):
-        key = getattr(cause, "full_key", None)
-        reason = _first_line(str(cause))
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
-            return f"unknown key '{key}'{_allowed_keys(cause)}"
-        if key:
-            return f"bad value for '{key}': {reason}"
-        return reason
-    return _first_line(str(error))
-
-
-def _allowed_keys(error: OmegaConfBaseException) -> str:
-    schema_type = getattr(error, "object_type", None)
-    if schema_type is None or not dataclasses.is_dataclass(schema_type):
-        return ""
-    names = [f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_")]
-    return f": allowed keys are {', '.join(names)}"
-
-
-def _missing_option_message(error: MissingConfigException) -> str:
-    group, _, name = (error.missing_cfg_file or "").rpartition("/")
-    if error.options:
-        return (
-            f"'{name}' is not an option of group '{group}': choose one of {', '.join(sorted(error.options))}"
-        )
-    return _first_line(str(error))
 
 
 def _first_line(text: str) -> str:

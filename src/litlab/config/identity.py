@@ -10,45 +10,90 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
+import re
 import site
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config.redact import REDACTED, is_credential_key
 from litlab.storage import resume
 from litlab.storage.roots import RunStorage, storage_options
 
 log = logging.getLogger(__name__)
 
-# Overrides that say where or how a run is launched, not what it is: not part of its identity.
-_NOT_IDENTITY = (
-    "hydra.",
+# Config keys that say where a run is stored or logged, or how it is launched, not what it trains:
+# left out of its settings, so they never make a new run. Everything else that resolves counts.
+NOT_SETTINGS = (
+    "hydra",
+    "paths",
+    "storage",
+    "logger",
     "resume",
     "run_name",
-    "paths.",
-    "storage.",
-    "hydra/",
-    "storage=",
+    "task_name",
+    "experiment_name",  # the identity's prefix
+    "hang_timeout",
+    "preempt_grace",
 )
-NOT_IDENTITY = _NOT_IDENTITY  # also left out of an Optuna search's study name (litlab.launch.search)
+# An interpolation into these roots, or any resolver (${oc.env:...}, ${hydra:...}), is kept as its
+# text: a location or the environment, not a setting (and ${hydra:...} is not set yet when Hydra
+# resolves the run's folder from this identity).
+_KEPT_AS_TEXT = re.compile(r"\$\{(?:[\w.]*:|(?:" + "|".join(NOT_SETTINGS) + r")[.}])")
+_ONE_NODE = re.compile(r"\$\{[\w.]+\}")
 
 
-def run_identity(cfg: DictConfig, overrides: Sequence[str] | None = None) -> str:
-    """``run_name``, or the experiment name plus a hash of the overrides that define the run (the
-    command line's: ``overrides``, else those of the job Hydra runs)."""
+def run_settings(cfg: DictConfig) -> dict[str, Any]:
+    """What a run trains, resolved: every config value but where it is stored, logged and how it
+    is launched (``NOT_SETTINGS``), as ``{"trainer.max_epochs": 3, ...}``. ``optimizer.lr=0.002``
+    and ``2e-3`` are one setting; a sweep file's fixed values are settings like any other."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    settings: dict[str, Any] = {}
+
+    def walk(node: Any, key: str) -> None:
+        if is_credential_key(key.rpartition(".")[2]):
+            settings[key] = REDACTED  # written in summary.json; a new password is not a new run
+        elif isinstance(node, dict) and node:
+            for name, value in node.items():
+                walk(value, f"{key}.{name}" if key else str(name))
+        elif (
+            isinstance(node, str)
+            and "${" in node
+            and not (
+                _KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node)  # ${optimizer}: a setting itself
+            )
+        ):
+            try:
+                value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+                settings[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            except Exception:  # OmegaConf's errors: a value that resolves only in the run counts as written
+                settings[key] = node
+        else:
+            settings[key] = node
+
+    for name, value in container.items():
+        if name not in NOT_SETTINGS:
+            walk(value, str(name))
+    return dict(sorted(settings.items()))
+
+
+def settings_fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_identity(cfg: DictConfig) -> str:
+    """``run_name``, or the experiment name plus a hash of the run's settings (``run_settings``):
+    two commands that train the same are one run, two that train differently never are."""
     if cfg.run_name:
         return str(cfg.run_name)
-    typed = HydraConfig.get().overrides.task if overrides is None else overrides
-    overrides = sorted(o for o in typed if not o.lstrip("+~").startswith(_NOT_IDENTITY))
-    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
-    return f"{cfg.experiment_name}-{digest}"
+    return f"{cfg.experiment_name}-{settings_fingerprint(run_settings(cfg))[:10]}"
 
 
 def run_folder(cfg: DictConfig) -> str:
@@ -59,7 +104,7 @@ def run_folder(cfg: DictConfig) -> str:
     Every rank, every restart and every requeue of one command computes the same name from the
     command and the storage, so ranks need not agree on it and a requeued job finds its folder.
     """
-    identity = run_identity(cfg, list(cfg.hydra.overrides.task))
+    identity = run_identity(cfg)
     if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
         return identity  # a debug run always starts fresh in the identity's folder (resume.decide)
     code = code_version(cfg, cfg.hydra).record()
@@ -74,7 +119,7 @@ def run_folder(cfg: DictConfig) -> str:
 
 
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
-# the overrides in _NOT_IDENTITY): editing their files makes no new run.
+# NOT_SETTINGS): editing their files makes no new run.
 _NOT_CODE_GROUPS = ("hydra", "paths", "storage", "sweep", "hparams_search")
 ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
 

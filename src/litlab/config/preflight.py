@@ -6,10 +6,13 @@ before Hydra starts, is ``litlab.cli.preflight``; each sweep job runs them when 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from litlab.config import rules, signatures
 
@@ -44,3 +47,36 @@ def config_dirs(cfg: DictConfig) -> list[Path]:
         if str(entry).startswith("file://")
     ]
     return [CONFIG_DIR, *extra, ENGINE_CONFIG_DIR]
+
+
+def composition_message(error: BaseException) -> str:
+    """One sentence from a Hydra/OmegaConf composition error and its cause: the option that is not
+    in its group, the unknown key (and the allowed ones), or the bad value."""
+    if isinstance(error, MissingConfigException):
+        group, _, name = (error.missing_cfg_file or "").rpartition("/")
+        if error.options:
+            options = ", ".join(sorted(error.options))
+            return f"'{name}' is not an option of group '{group}': choose one of {options}"
+        return _first_line(str(error))
+    cause = error.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None)
+        reason = _first_line(str(cause))
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
+            return f"unknown key '{key}'{_allowed_keys(cause)}"
+        if key:
+            return f"bad value for '{key}': {reason}"
+        return reason
+    return _first_line(str(error))
+
+
+def _allowed_keys(error: OmegaConfBaseException) -> str:
+    schema_type = getattr(error, "object_type", None)
+    if schema_type is None or not dataclasses.is_dataclass(schema_type):
+        return ""
+    names = [f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_")]
+    return f": allowed keys are {', '.join(names)}"
+
+
+def _first_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines()[:1])

@@ -58,6 +58,7 @@ def batch_sizes(
         world_size = (device_count(trainer.get("devices", "auto")) or 1) * nodes
     accumulation = trainer.get("accumulate_grad_batches", 1)
     micro = data.batch_size
+    _positive("trainer.accumulate_grad_batches", accumulation)  # "02" from a sweep is a string: no 0202
     if global_batch is not None:
         per_step = world_size * accumulation
         if global_batch % per_step != 0:

@@ -17,17 +17,24 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+from hydra.errors import HydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, RunMode, TaskFunction
+from omegaconf import DictConfig, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
-from litlab.config.preflight import check_train_config
+from litlab.config.identity import run_identity, run_settings, settings_fingerprint
+from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
 from litlab.logs import global_rank
-from litlab.run.summary import FAILED, SWEEP_JOB_ENV, Summary, sweep_job
+from litlab.run import sweep_record
+from litlab.run.summary import FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -54,23 +61,54 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     """Run one multirun job with ``fit``: in its own process, it fits; in a launcher's process (a
     submitit or joblib worker), it runs the job's single-run command as a child. A failure is
     recorded in summary.json; in a launcher's process it returns None (the sweep goes on)."""
-    job_dir = Path(HydraConfig.get().runtime.output_dir)
-    is_child = HydraConfig.get().mode != RunMode.MULTIRUN
-    if not is_child and global_rank() == 0:
-        list_job(HydraConfig.get(), job_dir)
+    hydra = HydraConfig.get()
+    job_dir = Path(hydra.runtime.output_dir)
+    is_child = hydra.mode != RunMode.MULTIRUN
+    recording = not is_child and global_rank() == 0
+    if recording:
+        sweep_record.list_job(Path(str(hydra.sweep.dir)), int(hydra.job.num), job_dir)
+    started_at = now()
+    value = None
     try:
         # A bad value fails here, in milliseconds, before torch loads or a child starts.
-        check_train_config(cfg, list(HydraConfig.get().overrides.task))
+        check_train_config(cfg, list(hydra.overrides.task))
         if is_child:
             return fit(cfg)
-        return run_in_child_process(cfg, job_dir)
+        value = run_in_child_process(cfg, job_dir)
     except Exception as error:
         record_failure(cfg, job_dir, f"{type(error).__name__}: {error}")
         if is_child:
             raise  # the child's exit status tells the sweep job; its summary.json says why
         traceback = not isinstance(error, (ConfigError, ChildFailed))  # those say all in one line
         log.error("job %s failed; the sweep goes on: %s", sweep_job()["job_num"], error, exc_info=traceback)
-    return None
+    if recording:
+        summary = json.loads((job_dir / "summary.json").read_text())
+        record_job(hydra, job_dir, summary, *sweep_record.outcome_of(summary, started_at))
+    return value
+
+
+def record_job(
+    hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, note: str | None = None
+) -> None:
+    """The sweep's record of a job (``hydra``: the job's hydra config) that ended with ``summary``."""
+    sweep_record.write_job(
+        Path(str(hydra.sweep.dir)),
+        int(hydra.job.num),
+        outcome,
+        summary,
+        run_dir=job_dir,
+        overrides=typed_overrides(hydra.overrides.task),
+        note=note,
+    )
+    changed = summary.get("resumed_across")
+    if changed:  # said in the sweep's log too, not only in the run's train.log
+        log.warning(
+            "job %s resumed run %s across a change (%s): it trained partly under each, so its report "
+            "row is marked and left out of significance tests",
+            hydra.job.num,
+            summary.get("run_name"),
+            ", ".join(changed),
+        )
 
 
 def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.train") -> list[str]:
@@ -91,18 +129,6 @@ def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.tr
         "hydra.mode=RUN",  # a sweep file sets MULTIRUN; this one process is a single run
         "hydra.output_subdir=null",  # the job's .hydra/ (written by the sweep) stays as it is
     ]
-
-
-def list_job(hydra: DictConfig, job_dir: Path) -> None:
-    """List a job whose folder is its run's (``runs/<run folder>``) in the sweep's folder: a link
-    ``<sweep dir>/<job number>`` to it, which ``ls``, reports and ``litlab-compare`` read as the job."""
-    sweep_dir = Path(str(hydra.sweep.dir)).absolute()
-    if job_dir.absolute().parent == sweep_dir:
-        return
-    link = sweep_dir / str(hydra.job.num)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if not link.is_symlink():  # relative: the logs folder can be moved or copied whole
-        link.symlink_to(os.path.relpath(job_dir.absolute(), sweep_dir), target_is_directory=True)
 
 
 def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
@@ -160,3 +186,114 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
         overrides=typed_overrides(hydra.overrides.task),
         sweep=sweep_job(),
     ).write(path)
+
+
+# --- a sweep's jobs, planned before any starts -------------------------------------------------------
+
+
+class PlanningSweeper(Sweeper):
+    """What litlab's sweepers (the grid, the Optuna search) share: Hydra's setup, which gives them
+    their launcher, and a sweep refused in one ``litlab: error:`` line, exit 2, when ``run`` raises
+    ConfigError (a value that does not compose, jobs that would share a folder, bad settings)."""
+
+    config: DictConfig | None = None
+    hydra_context: HydraContext | None = None
+    launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None
+        try:
+            return self.run(arguments)
+        except ConfigError as error:
+            sys.stderr.write(f"litlab: error: {' '.join(str(error).split())}\n")
+            raise SystemExit(2) from None
+
+    def run(self, arguments: list[str]) -> Any:
+        raise NotImplementedError
+
+
+def job_config(
+    hydra_context: HydraContext, sweep_config: DictConfig, overrides: list[str], num: int
+) -> DictConfig:
+    """Job ``num``'s config as Hydra composes it (the job's hydra node: ``runtime.output_dir`` is its
+    folder), set as the current HydraConfig; raises ConfigError (one line) when it does not compose."""
+    try:
+        config = hydra_context.config_loader.load_sweep_config(sweep_config, list(overrides))
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        raise ConfigError(composition_message(error)) from None
+    with open_dict(config):
+        config.hydra.job.id = num
+        config.hydra.job.num = num
+    HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
+    output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+    with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+        config.hydra.runtime.output_dir = str(output_dir.absolute())
+    HydraConfig.instance().set_config(config)
+    return config
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Where a sweep's job would write and what it would train (a training job's run identity and
+    settings; None for jobs of entry points that store no run)."""
+
+    num: int
+    overrides: list[str]
+    folder: Path
+    identity: str | None
+    settings: str | None
+
+    @classmethod
+    def of(cls, config: DictConfig, overrides: list[str]) -> JobPlan:
+        folder = Path(str(config.hydra.runtime.output_dir))
+        if config.get("task_name") != "train":
+            return cls(int(config.hydra.job.num), list(overrides), folder, None, None)
+        settings = settings_fingerprint(run_settings(config))
+        return cls(int(config.hydra.job.num), list(overrides), folder, run_identity(config), settings)
+
+
+def distinct_runs(plans: list[JobPlan]) -> tuple[list[JobPlan], list[tuple[JobPlan, JobPlan]]]:
+    """The jobs that train distinct runs, and each other job with the earlier one that trains the
+    same run (``optimizer.lr=0.002,2e-3``). Raises ConfigError when two jobs that train differently
+    would share a run name or a folder (a fixed ``run_name``, ``hydra.run.dir`` or
+    ``hydra.sweep.subdir``): their results would overwrite each other's."""
+    unique: list[JobPlan] = []
+    same: list[tuple[JobPlan, JobPlan]] = []
+    by_identity: dict[str, JobPlan] = {}
+    by_folder: dict[Path, JobPlan] = {}
+    for plan in plans:
+        if plan.identity is None:
+            unique.append(plan)
+            continue
+        first = by_identity.get(plan.identity)
+        if first is not None and first.settings == plan.settings:
+            same.append((plan, first))
+            continue
+        if first is not None:
+            raise _collision(first, plan, f"the run name {plan.identity}")
+        other = by_folder.get(plan.folder)
+        if other is not None:
+            raise _collision(other, plan, f"the folder {plan.folder}")
+        by_identity[plan.identity] = by_folder[plan.folder] = plan
+        unique.append(plan)
+    return unique, same
+
+
+def _collision(first: JobPlan, second: JobPlan, shared: str) -> ConfigError:
+    def own(plan: JobPlan, other: JobPlan) -> str:
+        return " ".join(o for o in plan.overrides if o not in other.overrides) or "no overrides"
+
+    return ConfigError(
+        f"jobs #{first.num} ({own(first, second)}) and #{second.num} ({own(second, first)}) train "
+        f"different runs but would share {shared}: in a sweep, leave run_name, hydra.run.dir and "
+        "hydra.sweep.subdir unset (each run gets its own folder) or make them differ with every swept value"
+    )

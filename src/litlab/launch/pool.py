@@ -223,6 +223,7 @@ class _Job:
     output: IO[bytes] | None = None
     start: str | None = None
     start_s: float = 0.0
+    started_at: str = ""  # local time, as summary.json's started_at: did this job train its run?
     end: str | None = None
     beside: set[int] = field(default_factory=set)
 
@@ -384,12 +385,6 @@ class DevicePoolLauncher(Launcher):
             Pending(j.index, j.need) for j in queue.values() if j.identity is None or j.identity not in held
         ]
 
-    @staticmethod
-    def _identity(task_cfg: DictConfig) -> str | None:
-        from litlab.config.identity import run_identity
-
-        return run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
-
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is None:
             log.warning(
@@ -407,27 +402,16 @@ class DevicePoolLauncher(Launcher):
             with contextlib.suppress(ProcessLookupError):  # the job's ranks are in its process group
                 os.killpg(job.process.pid, signal.SIGTERM)
 
-    def _job_config(self, index: int, overrides: list[str]) -> DictConfig:
-        assert self.hydra_context is not None and self.config is not None
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        with open_dict(config):
-            config.hydra.job.id = index
-            config.hydra.job.num = index
-        HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
-        output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
-            config.hydra.runtime.output_dir = str(output_dir.absolute())
-        HydraConfig.instance().set_config(config)
-        return config
-
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
         """The job's folder (its run's, listed in the sweep's folder), .hydra/ and command.sh; the
-        job's JobReturn instead for a job that does not start: too large, a bad value, or completed
-        by an earlier run."""
+        job's JobReturn instead for a job that does not start: too large, a bad value, completed by
+        an earlier run, or its run being trained by another process."""
         from litlab.config.rules import device_count
-        from litlab.launch.multirun import child_command, list_job
+        from litlab.launch.multirun import JobPlan, child_command, job_config
+        from litlab.run import sweep_record
 
-        config = self._job_config(index, list(queued.overrides))
+        assert self.hydra_context is not None and self.config is not None
+        config = job_config(self.hydra_context, self.config, list(queued.overrides), index)
         job_dir = Path(config.hydra.runtime.output_dir)
         task_cfg = self._task_config(config)
         command = child_command(config.hydra, job_dir, self._entry_module())
@@ -437,20 +421,41 @@ class DevicePoolLauncher(Launcher):
         need = device_count(devices)
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
             need = 1 if accelerator == "cpu" else schedule.size
-        job = _Job(index, config, job_dir, command, need, dict(queued.env), self._identity(task_cfg))
+        identity = JobPlan.of(config, list(queued.overrides)).identity
+        job = _Job(index, config, job_dir, command, need, dict(queued.env), identity)
         refusal = self._refusal(job, task_cfg, schedule)
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
             self._write_job_files(job, task_cfg)
             return self._not_started(job, refusal)
-        completed = self._completed_summary(task_cfg, config.hydra)
-        if completed is not None:  # the run's folder shows it as it completed
-            log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
-            list_job(config.hydra, job_dir)
-            return self._job_return(job, completed)
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        found = self._found_in_storage(task_cfg, config.hydra)
+        if (
+            found is not None and found[0] == sweep_record.SKIPPED
+        ):  # the run's folder shows it as it completed
+            summary = found[1]
+            log.info("job %d: run %s already completed, skipped", index, summary.get("run_name"))
+            sweep_record.list_job(sweep_dir, index, job_dir)
+            self._record(job, summary, sweep_record.SKIPPED, sweep_record.skipped_note(summary))
+            return self._job_return(job, summary)
+        if found is not None:  # another process trains this run: its result is not this sweep's to report
+            from litlab.run.summary import RUNNING_ELSEWHERE
+
+            log.warning("job %d not started: %s", index, found[1])
+            summary = self._failed_summary(job, found[1]).to_dict()
+            summary["status"] = RUNNING_ELSEWHERE
+            self._record(job, summary, sweep_record.ELSEWHERE)
+            return self._job_return(job, summary)
         self._write_job_files(job, task_cfg)
-        list_job(config.hydra, job_dir)
+        sweep_record.list_job(sweep_dir, index, job_dir)
         return job
+
+    def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
+        """The sweep's record of a training job (litlab-eval's jobs store no run)."""
+        from litlab.launch.multirun import record_job
+
+        if job.identity is not None:
+            record_job(job.config.hydra, job.dir, summary, outcome, note)
 
     def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
         """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
@@ -504,10 +509,13 @@ class DevicePoolLauncher(Launcher):
         return task_cfg
 
     @staticmethod
-    def _completed_summary(task_cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
-        """The stored summary of this job's run identity when that run completed with the user's code
-        as it is now (local storage, resume=auto): what the job's own process would find and stop at."""
+    def _found_in_storage(task_cfg: DictConfig, hydra_cfg: DictConfig) -> tuple[str, Any] | None:
+        """What the job's own process would find and stop at (local storage, resume=auto): its run
+        completed with the user's code as it is now (``SKIPPED``, the stored summary), or another
+        process holds the run's lock (``ELSEWHERE``, why)."""
         from litlab.config.identity import code_version, run_identity
+        from litlab.run.sweep_record import ELSEWHERE, SKIPPED
+        from litlab.storage.lock import held_by_another, refusal
         from litlab.storage.resume import completed_summary
         from litlab.storage.roots import RunStorage
 
@@ -519,7 +527,11 @@ class DevicePoolLauncher(Launcher):
         if OmegaConf.select(task_cfg, "trainer.fast_dev_run", default=False):
             return None
         storage = RunStorage(root.removeprefix("file://"), run_identity(task_cfg))
-        return completed_summary(storage, code_version(task_cfg, hydra_cfg).record())
+        holder = held_by_another(storage)
+        if holder is not None:
+            return ELSEWHERE, refusal(storage, holder)
+        completed = completed_summary(storage, code_version(task_cfg, hydra_cfg).record())
+        return (SKIPPED, completed) if completed is not None else None
 
     def _sweep_record(self, job: _Job) -> dict[str, Any]:
         return {
@@ -533,11 +545,11 @@ class DevicePoolLauncher(Launcher):
         }
 
     def _start(self, job: _Job, schedule: DeviceSchedule, gpu_pool: bool) -> None:
-        from litlab.run.summary import SWEEP_JOB_ENV
+        from litlab.run.summary import SWEEP_JOB_ENV, now
 
         job.taken = schedule.take(job.need)
         job.devices, job.cores = job.taken.ids, job.taken.cores
-        job.start, job.start_s = _utc_now(), time.monotonic()
+        job.start, job.start_s, job.started_at = _utc_now(), time.monotonic(), now()
         for other in self._running.values():
             other.beside.add(job.index)
             job.beside.add(other.index)
@@ -575,6 +587,7 @@ class DevicePoolLauncher(Launcher):
         """The job ended: its summary.json gets the sweep's record (and a failure the process could
         not write itself); the JobReturn with its optimized_metric."""
         from litlab.launch.multirun import describe_exit
+        from litlab.run import sweep_record
         from litlab.run.summary import COMPLETED, FAILED
 
         assert job.process is not None and job.output is not None
@@ -595,6 +608,7 @@ class DevicePoolLauncher(Launcher):
             stored["status"], stored["error"] = FAILED, f"the job's process {describe_exit(returncode)}"
         stored["sweep"] = {**(stored.get("sweep") or {}), **self._sweep_record(job)}
         path.write_text(json.dumps(stored, indent=2, default=str) + "\n")
+        self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
         status = stored.get("status")
         took = time.monotonic() - job.start_s
         if status != FAILED:  # completed, interrupted (a signal), or an entry point's own outcome
@@ -624,11 +638,14 @@ class DevicePoolLauncher(Launcher):
         )
 
     def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
+        from litlab.run.sweep_record import NOT_STARTED
+
         log.error("job %d not started: %s", job.index, error)
         HydraConfig.instance().set_config(job.config)
         summary = self._failed_summary(job, error)
         summary.status = status
         summary.write(job.dir / "summary.json")
+        self._record(job, summary.to_dict(), NOT_STARTED)
         return self._job_return(job, summary.to_dict())
 
     def _job_return(self, job: _Job, summary: dict[str, Any]) -> JobReturn:

@@ -15,9 +15,9 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
     ChoiceSweep,
@@ -35,15 +36,15 @@ from hydra.core.override_parser.types import (
     Transformer,
 )
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.config.identity import NOT_IDENTITY
+from litlab.config.identity import NOT_SETTINGS
 from litlab.config.pruners import TRIAL_ENV, check_pruner, make_pruner, quiet_optuna
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
+from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
 from litlab.launch.pool import QueuedJob
+from litlab.run import sweep_record
 
 if TYPE_CHECKING:
     import optuna
@@ -169,10 +170,11 @@ def parse_enqueued(lines: Sequence[str]) -> list[dict[str, Any]]:
 def study_name_of(experiment_name: str, arguments: Sequence[str], space: SearchSpace, direction: str) -> str:
     """The study of a command: the experiment name plus a hash of what defines the search, so the
     same command continues the same study. In it: the command line's overrides that define the runs
-    (as the run identity takes them: not where or how they are launched), the search space and the
-    direction. Not in it: n_trials (raise it to extend a search), the storage, the sampler, the pruner,
-    the launcher."""
-    overrides = sorted(a for a in arguments if not a.lstrip("+~").startswith(NOT_IDENTITY))
+    (as the run's settings take them: not where runs are stored or logged, nor how they are
+    launched), the search space and the direction. Not in it: n_trials (raise it to extend a
+    search), the storage, the sampler, the pruner, the launcher."""
+    keys = {a: re.split(r"[./=]", a.lstrip("+~"), maxsplit=1)[0] for a in arguments}
+    overrides = sorted(a for a, key in keys.items() if key not in NOT_SETTINGS)
     space_text = [f"{name}: {dist!r}" for name, dist in sorted(space.distributions.items())]
     text = "\n".join([*overrides, "--", *space_text, "--", direction])
     return f"{experiment_name}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
@@ -327,7 +329,7 @@ def make_sampler(sampler: dict[str, Any]) -> Any:
 # --- the sweeper ---------------------------------------------------------------------------------
 
 
-class OptunaSearch(Sweeper):
+class OptunaSearch(PlanningSweeper):
     """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring)."""
 
     def __init__(
@@ -357,28 +359,10 @@ class OptunaSearch(Sweeper):
         self.heartbeat_interval = int(heartbeat_interval)
         self.max_retry = int(max_retry)
         self.n_jobs = int(n_jobs)
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
+        self.plans: list[JobPlan] = []  # this sweep's trials so far: none may share another's folder
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from hydra.core.plugins import Plugins
-
-        self.config = config
-        self.hydra_context = hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
-
-    def sweep(self, arguments: list[str]) -> list[JobReturn]:
-        assert self.config is not None and self.launcher is not None
-        try:
-            return self._sweep(arguments)
-        except ConfigError as error:  # bad search settings, a database out of reach: one line, exit 2
-            sys.stderr.write(f"litlab: error: {' '.join(str(error).split())}\n")
-            raise SystemExit(2) from None
-
-    def _sweep(self, arguments: list[str]) -> list[JobReturn]:
+    def run(self, arguments: list[str]) -> list[JobReturn]:
+        """The search; bad settings or a database out of reach raise ConfigError (one line, exit 2)."""
         import optuna
 
         cfg = self.config
@@ -392,6 +376,7 @@ class OptunaSearch(Sweeper):
             raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
         enqueued = parse_enqueued(self.enqueue)
         self._check_choices(space)
+        self._check_distinct(space)
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         url = storage_url(self.storage, str(cfg.storage.root), name)
         quiet_optuna()
@@ -411,7 +396,7 @@ class OptunaSearch(Sweeper):
             for params in enqueued:
                 study.enqueue_trial(params)
         sweep_dir = Path(cfg.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_record.start(sweep_dir, [*(f"{k}={v}" for k, v in self.params.items()), *arguments])
         OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
         trials = _Trials(
             study,
@@ -433,6 +418,18 @@ class OptunaSearch(Sweeper):
             self.sampler_spec.get("name", "tpe"),
             self.pruner_name,
         )
+        if budget.done(self.n_trials):
+            log.warning(
+                "study %s already has its %d trials (%d spent), so nothing is left to run; the report "
+                "and %s are the study's. To search on: hydra.sweeper.n_trials=%d (or more); to start "
+                "another study: hydra.sweeper.study_name=<name>",
+                name,
+                self.n_trials,
+                budget.spent,
+                BEST_TRIAL_FILE,
+                budget.spent + self.n_trials,
+            )
+            record_study(study, sweep_dir)
         heartbeat = _Heartbeat(trials, self.heartbeat_interval)
         heartbeat.start()
         try:
@@ -447,16 +444,28 @@ class OptunaSearch(Sweeper):
 
     def check_composes(self, overrides: list[str]) -> None:
         """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
-        nosuch)``): said before a job starts, as Hydra's basic sweeper does for a grid."""
+        nosuch)``), or when it would share a run name or folder with an earlier trial of this sweep
+        that trains differently (``multirun.distinct_runs``): said before its job starts."""
+        assert self.hydra_context is not None and self.config is not None
+        sweep_hydra_config = HydraConfig.instance().cfg
         try:
-            self.validate_batch_is_legal([overrides])
-        except Exception as error:
-            first_line = next(
-                (line for line in str(error).splitlines() if line.strip()), type(error).__name__
-            )
+            config = job_config(self.hydra_context, self.config, overrides, len(self.plans))
+        except ConfigError as error:
             raise ConfigError(
-                f"the search's overrides {' '.join(overrides)} do not compose: {first_line}"
+                f"the search's overrides {' '.join(overrides)} do not compose: {error}"
             ) from None
+        finally:
+            HydraConfig.instance().cfg = sweep_hydra_config
+        self.plans.append(JobPlan.of(config, overrides))
+        distinct_runs(self.plans)
+
+    def _check_distinct(self, space: SearchSpace) -> None:
+        """Two trials at opposite ends of the space get folders of their own: a fixed ``run_name``
+        or ``hydra.run.dir`` is refused before any trial starts."""
+        for end in (0, -1):
+            params = {name: _end_of(dist, end) for name, dist in space.distributions.items()}
+            self.check_composes([*space.fixed, *trial_overrides(params)])
+        self.plans.clear()  # what they checked; the trials are checked against each other
 
     def _check_choices(self, space: SearchSpace) -> None:
         """Every choice of every categorical parameter composes, before any trial is asked for."""
@@ -498,6 +507,35 @@ class OptunaSearch(Sweeper):
             for offset, job_return in enumerate(returns):
                 trials.on_done(job_idx + offset, job_return)
             job_idx += len(batch)
+
+
+def _end_of(distribution: Any, end: int) -> Any:
+    """The first (``end=0``) or last (-1) value of a distribution: a choice, or a bound."""
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return choices[end]
+    return distribution.low if end == 0 else distribution.high
+
+
+def record_study(study: optuna.Study, sweep_dir: Path) -> None:
+    """The sweep's record of a study that was complete before it started: each of its trials, as
+    skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
+    for number, trial in enumerate(study.get_trials(deepcopy=False)):
+        job_dir = Path(str(trial.user_attrs.get("job_dir") or ""))
+        summary = _job_summary(JobReturn(), job_dir) if trial.user_attrs.get("job_dir") else {}
+        if not summary or trial.user_attrs.get(UNUSED_ATTR):
+            continue
+        note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
+        target = job_dir.resolve() if job_dir.exists() else job_dir
+        sweep_record.write_job(
+            sweep_dir,
+            number,
+            sweep_record.SKIPPED,
+            summary,
+            run_dir=target,
+            overrides=summary.get("overrides") or [],
+            note=note,
+        )
 
 
 def _quoted(text: str) -> str:

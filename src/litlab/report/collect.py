@@ -1,20 +1,24 @@
-"""Find the runs under sweep and run directories, and read each one's summary.json.
+"""Find the runs of sweeps and run directories: a sweep's from its own record (``litlab.run.sweep_record``),
+other folders' from each run's summary.json.
 
-A job folder without a summary.json (its process was killed, or it still runs) becomes a failed
-run whose figures are what its config says (``Summary.of_config``). Nothing here imports torch.
+A sweep's record holds each job's summary as it was when the job ended, so a later sweep or a moved
+folder leaves its report as it was. In a folder without a record, a job folder without a summary.json
+(its process was killed, or it still runs) becomes a failed run whose figures are what its config
+says (``Summary.of_config``). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config.redact import typed_overrides
+from litlab.run import sweep_record
 from litlab.run.summary import FAILED, Summary
 
 
@@ -24,12 +28,17 @@ class CompareError(ValueError):
 
 @dataclass
 class RunResult:
-    """One run directory: its summary and its config (``.hydra/config.yaml`` as composed)."""
+    """One run: its summary and its config (``.hydra/config.yaml`` as composed; None for a run read
+    from a sweep's record); for a sweep's job, how the job ended (``sweep_record``'s outcome, note)."""
 
     label: str
     dir: Path
     summary: Summary
     config: DictConfig | None
+    outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, not started
+    note: str | None = None  # a skipped job's: where and when its run completed
+    # Overrides of the sweep's other jobs that train this same run, so did not run (sweep.json same_runs).
+    same_run_overrides: list[list[str]] = field(default_factory=list)
 
     @property
     def completed(self) -> bool:
@@ -37,12 +46,18 @@ class RunResult:
 
 
 def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
-    """The runs in each path: a run directory (summary.json or .hydra/) or a sweep directory."""
+    """The runs in each path: a sweep directory with its record (one run per job), a run directory
+    (summary.json or .hydra/), or a folder of run directories."""
     paths = [Path(p) for p in paths]
     runs: list[RunResult] = []
     for path in paths:
         if not path.is_dir():
             raise CompareError(f"{path} is not a directory")
+        prefix = f"{path.name}/" if len(paths) > 1 else "#"
+        record = sweep_record.read(path)
+        if record is not None:
+            runs.extend(_recorded_runs(path, *record, prefix=prefix))
+            continue
         if is_run_dir(path):
             runs.append(load_run(path, label=path.name))
             continue
@@ -51,9 +66,37 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
             raise CompareError(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
-        prefix = f"{path.name}/" if len(paths) > 1 else "#"
         runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in jobs)
     return runs
+
+
+def _recorded_runs(
+    sweep_dir: Path, entries: list[dict[str, Any]], sweep: dict[str, Any], prefix: str
+) -> list[RunResult]:
+    """The runs of a sweep's jobs as its record holds them; the run folders are not read (a later
+    ``resume=never`` may have replaced a run there)."""
+    if not entries:
+        raise CompareError(f"no job of the sweep in {sweep_dir} has ended yet: its record holds none")
+    runs = {}
+    for entry in entries:
+        try:
+            runs[int(entry["job_num"])] = RunResult(
+                label=f"{prefix}{entry['job_num']}",
+                dir=Path(entry["run_dir"]),
+                summary=Summary.from_dict(entry["summary"]),
+                config=None,
+                outcome=entry.get("outcome"),
+                note=entry.get("note"),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise CompareError(
+                f"{sweep_dir / sweep_record.RECORD_DIR} holds a job entry that cannot be read ({error!r})"
+            ) from None
+    for same in sweep.get("same_runs") or []:
+        first = runs.get(same.get("same_as"))
+        if first is not None:
+            first.same_run_overrides.append(list(same.get("overrides") or []))
+    return list(runs.values())
 
 
 def is_run_dir(path: Path) -> bool:

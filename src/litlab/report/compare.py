@@ -1,8 +1,10 @@
 """Compare runs: one row per configuration against its baseline (speed-up, memory ratio, metric delta).
 
-Runs that differ only in their seed are one configuration, with mean, confidence interval and Welch's
-t-test (``litlab.report.stats``). A row's baseline matches ``baseline`` and has the same devices x nodes
-and every other swept value; ratios are only between completed runs. ``build_report`` builds it.
+Each run counts once. Completed runs that ran the same settings but their seed, with the same code
+and devices x nodes, are one configuration, with mean, confidence interval and Welch's t-test
+(``litlab.report.stats``). A row's baseline matches ``baseline`` and has the same devices x nodes, code
+version and every other differing value; ratios are only between completed runs. ``build_report``
+builds it.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from litlab.report.collect import CompareError, RunResult
 from litlab.report.stats import Estimate, estimate, significant, welch_p_value
-from litlab.run.summary import COMPLETED, PRUNED
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED
+from litlab.run.sweep_record import SKIPPED
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
 # Runs that differ only in this key are repeats of one configuration: one row, with statistics.
 REPEAT_KEY = "seed"
+# Runs of different versions of the user's code differ in this pseudo key: code_fingerprint's first 8 hex.
+CODE_KEY = "code"
 REPORT_FILES = ("report.md", "report.csv", "report.png")
 
 # Baseline keys may name a summary.json field; they mean the config key the user sweeps.
@@ -46,6 +51,9 @@ _FROM_SUMMARY = {
 _DEVICE_KEYS = {"trainer.devices", "trainer.num_nodes"}
 # Keys with a column of their own; other keys that differ between runs go into the "differs" column.
 _OWN_COLUMN = {"precision", "trainer.accumulate_grad_batches", "trainer.devices", "trainer.num_nodes"}
+# The micro-batch column's key: left out of "differs" for runs that recorded their settings, which
+# hold it whenever it differs (for other runs, only a command line that swept it names it).
+_MICRO_BATCH = "data.batch_size"
 # Groups that choose which jobs a multirun has, not how a run trains (their settings are overrides).
 _NOT_SETTINGS = {"sweep", "hparams_search"}
 
@@ -57,15 +65,23 @@ class Report:
     metric_mode: str  # "max": higher is better; "min": lower is better (a loss, a perplexity)
     test_metric: str | None
     baseline: str
-    swept_keys: list[str]  # override keys whose value differs between the configurations
+    swept_keys: list[str]  # keys whose value differs between the configurations (``_swept_keys``)
     context_keys: list[str]  # besides devices x nodes, what a row and its baseline share
     throughput_unit: str = "samples"  # "tokens" when every completed run counted tokens
     sources: list[Path] = field(default_factory=list)
     repeat_key: str | None = None  # "seed" when the runs were repeated with several seeds
+    notes: list[str] = field(default_factory=list)  # runs reached twice, jobs that trained one run
+    skipped: list[str] = field(default_factory=list)  # "#0: completed earlier (...); not trained again"
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        """Rows of runs that did not complete; a pruned trial is not a failure."""
+        """Rows of failed runs."""
+        return [row for row in self.rows if row["status"] == FAILED]
+
+    @property
+    def unfinished(self) -> list[dict[str, Any]]:
+        """Rows of runs that did not complete: failed, interrupted or running elsewhere (a pruned
+        trial ended where its search wanted it to); a sweep or litlab-compare with any exits 1."""
         return [row for row in self.rows if row["status"] not in (COMPLETED, PRUNED)]
 
     @property
@@ -85,15 +101,18 @@ def build_report(
 ) -> Report:
     """One row per configuration, each compared with its baseline configuration.
 
-    Completed runs that differ only in ``seed`` (or not at all) are one configuration: its row has
-    their number n, the mean and 95 % confidence interval of each figure, and Welch's t-test of its
-    runs against the baseline's (``litlab.report.stats``). A run that did not complete is a row of
-    its own. The baseline is the first completed configuration that matches ``baseline``
-    (``key=value ...``) and has the same devices x nodes and the same value of every other key the
-    runs were swept over. Naming ``trainer.devices`` in ``baseline`` compares every device count with
-    that one configuration; naming ``seed`` compares single seeds instead of grouping them."""
+    A run reached twice (two sweeps' records of it) counts once. Completed runs that ran the same
+    (``_configurations``) but for ``seed`` are one configuration: its row has their number n, the mean
+    and 95 % confidence interval of each figure, and Welch's t-test of its runs against the
+    baseline's (``litlab.report.stats``). A run that did not complete is a row of its own. The
+    baseline is the first completed configuration that matches ``baseline`` (``key=value ...``) and
+    has the same devices x nodes and the same value of every other key that differs between the
+    runs (the code version among them). Naming ``trainer.devices`` in ``baseline`` compares every
+    device count with that one configuration; naming ``seed`` compares single seeds instead of
+    grouping them."""
     if not runs:
         raise CompareError("no runs to compare")
+    runs, notes = _distinct_runs(runs)
     spec = parse_baseline(baseline)
     optimized, optimized_mode = _default_metric(runs)
     metric = metric or optimized
@@ -115,8 +134,10 @@ def build_report(
     contexts = [context(group[0]) for group in configurations]
     baselines: dict[str, list[RunResult]] = {}
     for group, key in zip(configurations, contexts, strict=True):
-        if group[0].completed and all(_same(_lookup(group[0], k), v) for k, v in spec.items()):
-            baselines.setdefault(key, group)
+        matches = group[0].completed and all(_same(_lookup(group[0], k), v) for k, v in spec.items())
+        # Runs resumed across a change are the baseline only where no other configuration matches.
+        if matches and (key not in baselines or (_resumed(baselines[key]) and not _resumed(group))):
+            baselines[key] = group
     rows = []
     for group, key in zip(configurations, contexts, strict=True):
         # A configuration alone in its context (every Optuna trial) has nothing to be compared with.
@@ -124,30 +145,87 @@ def build_report(
         rows.append(_row(group, base, metric, test_metric, settings, mode, repeat_key))
     counted = [row["tokens_per_second"] for row in rows if row["status"] == COMPLETED]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
+    notes += [
+        f"the overrides `{' '.join(overrides)}` train the same run as {run.label}: it ran once"
+        for run in runs
+        for overrides in run.same_run_overrides
+    ]
+    skipped = [
+        f"{run.label}: {run.note or 'completed earlier; not trained again'}"
+        for run in runs
+        if run.outcome == SKIPPED
+    ]
     return Report(
-        rows, metric, mode, test_metric, baseline, settings, context_keys, unit, repeat_key=repeat_key
+        rows,
+        metric,
+        mode,
+        test_metric,
+        baseline,
+        settings,
+        context_keys,
+        unit,
+        repeat_key=repeat_key,
+        notes=notes,
+        skipped=skipped,
     )
+
+
+def _distinct_runs(runs: Sequence[RunResult]) -> tuple[list[RunResult], list[str]]:
+    """Each run once, where it first appears, and a note per run reached more than once (two sweeps
+    whose second found it completed both hold it; seed=2 in both sweeps given to litlab-compare).
+    A run is its name, its storage folder and when it started and finished."""
+    reached: dict[tuple[Any, ...], list[RunResult]] = {}
+    distinct = []
+    for run in runs:
+        summary = run.summary
+        if not (summary.run_name and summary.started_at):  # a stand-in for a run that wrote no summary
+            distinct.append(run)
+            continue
+        where = summary.storage_dir or summary.run_dir
+        same = reached.setdefault((summary.run_name, where, summary.started_at, summary.finished_at), [])
+        if not same:
+            distinct.append(run)
+        same.append(run)
+    notes = [
+        f"{', '.join(run.label for run in same)} are one run ({same[0].summary.run_name}, started "
+        f"{same[0].summary.started_at}): counted once, as {same[0].label}"
+        for same in reached.values()
+        if len(same) > 1
+    ]
+    return distinct, notes
 
 
 def _configurations(
     runs: Sequence[RunResult], settings: list[str], repeat_key: str | None
 ) -> list[list[RunResult]]:
-    """The runs grouped into configurations, in the order of each one's first run: completed runs
-    with the same devices x nodes, config group options, value of every swept setting and
-    command-line overrides are one (they differ at most in ``repeat_key``, the seed); a run that did
-    not complete is one of its own."""
+    """The runs grouped into configurations, in the order of each one's first run. Completed runs
+    are one when they ran the same: the same devices x nodes, code version and change they were
+    resumed across (mostly none), and the same recorded settings but ``repeat_key`` (the seed). Runs
+    that recorded no settings (older summaries) are one when they have the same config group options,
+    value of every swept setting and command-line overrides. A run that did not complete is one of
+    its own."""
     not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
     groups: dict[str, list[RunResult]] = {}
     for index, run in enumerate(runs):
         if not run.completed:
             groups[f"not completed {index}"] = [run]
             continue
-        options = {k: v for k, v in (run.summary.groups or {}).items() if k not in _NOT_SETTINGS}
-        settings_values = [_lookup(run, k) for k in settings]
-        overrides = sorted(o for o in run.summary.overrides or [] if _override_key(o) not in not_identity)
-        identity = [run.summary.devices, run.summary.num_nodes, options, settings_values, overrides]
-        groups.setdefault(json.dumps(identity, default=str), []).append(run)
+        summary = run.summary
+        ran: list[Any] = [summary.devices, summary.num_nodes]
+        ran += [summary.code_fingerprint, summary.resumed_across]
+        if summary.settings:
+            ran.append({k: v for k, v in summary.settings.items() if k != repeat_key})
+        else:
+            ran.append({k: v for k, v in (summary.groups or {}).items() if k not in _NOT_SETTINGS})
+            ran.append([_lookup(run, k) for k in settings])
+            ran.append(sorted(o for o in summary.overrides or [] if _override_key(o) not in not_identity))
+        groups.setdefault(json.dumps(ran, default=str, sort_keys=True), []).append(run)
     return list(groups.values())
+
+
+def _resumed(runs: Sequence[RunResult]) -> bool:
+    """Whether one of ``runs`` was resumed across a change (code, settings): it trained partly under each."""
+    return any(run.summary.resumed_across for run in runs)
 
 
 def parse_baseline(text: str) -> dict[str, str]:
@@ -175,6 +253,51 @@ def _default_metric(runs: Sequence[RunResult]) -> tuple[str, str]:
 
 
 def _swept_keys(runs: Sequence[RunResult]) -> list[str]:
+    """Keys whose value differs between the runs: from what ran for runs that recorded their
+    settings, from the overrides for older runs; and ``code`` when the runs' code versions differ."""
+    keys = _differing_settings([run for run in runs if run.summary.settings])
+    keys += _swept_overrides([run for run in runs if not run.summary.settings])
+    if len({run.summary.code_fingerprint for run in runs if run.summary.code_fingerprint}) > 1:
+        keys.append(CODE_KEY)
+    return list(dict.fromkeys(keys))
+
+
+def _differing_settings(runs: Sequence[RunResult]) -> list[str]:
+    """Setting keys whose value differs between ``runs`` (which recorded their settings), the keys
+    set on the command line first. A config group whose choice differs is one key (``model``, not
+    every ``model.*`` key)."""
+    names = dict.fromkeys(key for run in runs for key in run.summary.settings or {})
+    differing = [k for k in names if _differ((run.summary.settings or {}).get(k) for run in runs)]
+    choices = dict.fromkeys(group for run in runs for group in run.summary.groups or {})
+    chosen = [g for g in choices if g not in _NOT_SETTINGS and _differ(_choice(run, g) for run in runs)]
+    keys = []
+    for key in differing:
+        owners = [g for g in chosen if f"{key}.".startswith(g.replace("/", ".") + ".")]
+        # The group stands for its key where the key's value follows the choice (mlp's width is mlp's).
+        owners = [g for g in owners if _follows_choice(runs, g, key)]
+        keys.append(max(owners, key=len) if owners else key)
+    typed = dict.fromkeys(_override_key(o) for run in runs for o in run.summary.overrides or [])
+    order = {key: position for position, key in enumerate(typed)}
+    return sorted(dict.fromkeys(keys), key=lambda key: order.get(key, len(order)))
+
+
+def _follows_choice(runs: Sequence[RunResult], group: str, key: str) -> bool:
+    """Whether runs with the same option of ``group`` have the same value of ``key``."""
+    values: dict[str, list[Any]] = {}
+    for run in runs:
+        values.setdefault(str(_choice(run, group)), []).append((run.summary.settings or {}).get(key))
+    return not any(_differ(same_choice) for same_choice in values.values())
+
+
+def _choice(run: RunResult, group: str) -> Any:
+    return (run.summary.groups or {}).get(group)
+
+
+def _differ(values: Any) -> bool:
+    return len({json.dumps(value, default=str, sort_keys=True) for value in values}) > 1
+
+
+def _swept_overrides(runs: Sequence[RunResult]) -> list[str]:
     """Override keys (in command-line order) whose value differs between the runs."""
     keys: dict[str, None] = {}
     for run in runs:
@@ -192,13 +315,19 @@ def _override_key(override: str) -> str:
 
 
 def _lookup(run: RunResult, key: str) -> Any:
-    """A run's value of a config key: its group option, what summary.json recorded, or its config."""
-    groups = run.summary.groups or {}
+    """A run's value of a config key: its group option, its code version (``code``), what summary.json
+    recorded as it ran, its recorded settings, its config, or its overrides."""
+    summary = run.summary
+    groups = summary.groups or {}
     if key in groups:
         return groups[key]
-    recorded = getattr(run.summary, _FROM_SUMMARY[key]) if key in _FROM_SUMMARY else None
+    if key == CODE_KEY:
+        return summary.code_fingerprint[:8] if summary.code_fingerprint else None
+    recorded = getattr(summary, _FROM_SUMMARY[key]) if key in _FROM_SUMMARY else None
     if recorded is not None:
         return recorded
+    if summary.settings and key in summary.settings:
+        return summary.settings[key]
     if run.config is not None:
         value = _select(run.config, key)
         if value is not None:
@@ -253,7 +382,7 @@ def _row(
         "micro_batch_size": summary.micro_batch_size,
         "effective_batch_size": summary.effective_batch_size,
         "memory_kind": memory_kinds.pop() if len(memory_kinds) == 1 else None,
-        "differs": {k: _lookup(first, k) for k in swept if k not in _OWN_COLUMN},
+        "differs": {k: _lookup(first, k) for k in swept if not _has_own_column(k, first)},
         "baseline": None if base is None else ", ".join(run.label for run in base),
         "is_baseline": base is runs,
         "speed_up": None,
@@ -264,6 +393,8 @@ def _row(
         "metric_delta_p_value": None,
         "metric_delta_significant": None,
         "seconds_to_baseline": None,  # seconds until the metric first reached the baseline's final value
+        "not_tested": None,  # why Welch's test was not made where it could have been
+        "resumed_across": list(dict.fromkeys(c for run in runs for c in run.summary.resumed_across or [])),
         "pruned_epoch": summary.pruned_epoch,
         # Jobs that ran beside it on the node (summary.json sweep.beside): not a solo timing.
         "shared_node": any((run.summary.sweep or {}).get("beside") for run in runs),
@@ -271,7 +402,7 @@ def _row(
             dict.fromkeys(e.get("symptom") for run in runs for e in run.summary.diagnosis or [])
         ),
         "findings": [entry for run in runs for entry in run.summary.diagnosis or []],  # litlab.run.doctor
-        "error": summary.error,
+        "error": _error_text(summary),
         "run_dir": ";".join(str(run.dir) for run in runs),
         "curve": figures[0]["curve"],
         "curves": [f["curve"] for f in figures],  # one per run, for report.png
@@ -296,6 +427,8 @@ def _row(
         base_row = _row(base, None, metric, test_metric, swept, mode, repeat_key)
         row["speed_up"] = _ratio(row["samples_per_second"], base_row["samples_per_second"])
         tested = base is not runs  # the baseline against itself is 1.0x and +0, not a test
+        if tested and (_resumed(runs) or _resumed(base)):  # partly trained under each of two versions
+            tested, row["not_tested"] = False, "resumed across a change"
         if row["speed_up"] is not None and tested:
             p_value = welch_p_value(row["samples_per_second_values"], base_row["samples_per_second_values"])
             row["speed_up_p_value"], row["speed_up_significant"] = p_value, significant(p_value)
@@ -310,6 +443,22 @@ def _row(
         if _finite(base_metric):
             row["seconds_to_baseline"] = _seconds_to_baseline(row["curves"], base_metric, mode)
     return row
+
+
+def _has_own_column(key: str, run: RunResult) -> bool:
+    if key == _MICRO_BATCH:
+        return bool(run.summary.settings)
+    return key in _OWN_COLUMN or key.startswith("precision.")
+
+
+def _error_text(summary: Any) -> str | None:
+    """Why a run did not complete. An interrupted run was stopped (SIGTERM, or its sweep stopped
+    before it started): not a failure, and the same command resumes it."""
+    if summary.status != INTERRUPTED:
+        return summary.error
+    if not summary.error or str(summary.error).startswith("SIGTERMException"):
+        return "stopped by SIGTERM; the same command resumes it"
+    return f"{summary.error}; the same command resumes it"
 
 
 # Figures of a run that a row of several runs gives as mean and 95 % confidence interval.

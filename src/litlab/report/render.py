@@ -11,9 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from litlab.report.collect import collect_runs
-from litlab.report.compare import _DEVICE_KEYS, DEFAULT_BASELINE, Report, _finite, build_report
+from litlab.report.compare import (
+    _DEVICE_KEYS,
+    _MICRO_BATCH,
+    CODE_KEY,
+    DEFAULT_BASELINE,
+    Report,
+    _finite,
+    build_report,
+)
 from litlab.report.stats import CONFIDENCE, SIGNIFICANCE
-from litlab.run.summary import COMPLETED, PRUNED
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, RUNNING_ELSEWHERE
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,7 @@ _CSV_COLUMNS = [
     "is_baseline",
     "pruned_epoch",
     "shared_node",
+    "resumed_across",
     "differs",
     "diagnosis",
     "error",
@@ -124,21 +133,20 @@ def render_markdown(report: Report) -> str:
     diagnosed = [row for row in report.rows if row["diagnosis"]]
     if diagnosed:
         headers.append("doctor")
-    if report.failed:
+    if report.unfinished:
         headers.append("error")
     shared = [row for row in report.rows if row["shared_node"]]
-    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
-    pruned = f"{len(report.pruned)} pruned, " if report.pruned else ""
     in_rows = f" in {len(report.rows)} rows" if len(report.rows) != report.run_count else ""
+    shared_keys = ", ".join(_key_name(key) for key in report.context_keys)
     lines = [
         "# Sweep report",
         "",
-        f"{report.run_count} runs ({completed} completed, {pruned}{len(report.failed)} failed){in_rows} "
+        f"{report.run_count} runs ({_counts(report)}){in_rows} "
         "from " + ", ".join(f"`{p}`" for p in report.sources) + ".",
         "",
         *_best_line(report),
         f"Baseline: the first completed configuration with `{report.baseline}` and the same devices x nodes"
-        + (f" and the same {', '.join(f'`{k}`' for k in report.context_keys)}" if report.context_keys else "")
+        + (f" and the same {shared_keys}" if shared_keys else "")
         + "; speed-up, memory ratio and Δ are against it. The baseline rows say **baseline**.",
         "",
         *_repeats_lines(report),
@@ -170,23 +178,31 @@ def render_markdown(report: Report) -> str:
             "**baseline**" if row["is_baseline"] else (row["baseline"] or "none"),
         ]
         if has_differs:
-            cells.insert(2, " ".join(f"{k}={_text(v)}" for k, v in row["differs"].items()))
+            cells.insert(2, _differs_cell(row))
         if has_seeds:
             cells.insert(headers.index("n") + 1, ", ".join(_text(seed) for seed in row["seeds"]))
         if diagnosed:
             cells.append(", ".join(row["diagnosis"]))
-        if report.failed:
-            failed = row["status"] not in (COMPLETED, PRUNED)
-            cells.append(_one_line(row["error"], limit=120) if failed else "")
+        if report.unfinished:
+            unfinished = row["status"] not in (COMPLETED, PRUNED)
+            cells.append(_one_line(row["error"], limit=120) if unfinished else "")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     if shared:
         lines += [
             f"† Shared the node: other jobs of the sweep ran beside {_names(shared)} (summary.json "
-            "`sweep.beside`), so their throughput is not a solo timing; `hydra.launcher.devices=1` "
-            "gives solo timings.",
+            "`sweep.beside`), so their throughput is not a solo timing. `hydra.launcher.devices=1` "
+            "gives solo timings only to runs it trains: run the sweep again with "
+            "`hydra.launcher.devices=1 resume=never` (without resume=never every job finds its run "
+            "completed and skips it; this report stays as it is, built from the sweep's record).",
             "",
         ]
+    if report.notes:
+        lines += ["## Counted once", "", *(f"- {note}." for note in report.notes), ""]
+    if report.skipped:
+        lines += ["## Skipped", "", "Jobs that found their run completed; their rows show that run:", ""]
+        lines += [f"- {skipped}." for skipped in report.skipped]
+        lines.append("")
     lines += ["![throughput, peak memory and learning curves per configuration](report.png)", ""]
     noise = _noise_lines(report)
     if noise:
@@ -207,9 +223,12 @@ def render_markdown(report: Report) -> str:
             for row in report.pruned
         ]
         lines.append("")
-    if report.failed:
-        lines += ["## Failed runs", ""]
-        lines += [f"- {row['run']} (`{row['run_dir']}`): {_one_line(row['error'])}" for row in report.failed]
+    if report.unfinished:
+        lines += ["## Runs that did not complete", ""]
+        lines += [
+            f"- {row['run']} (`{row['run_dir']}`): {_status_word(row)}: {_one_line(row['error'])}"
+            for row in report.unfinished
+        ]
         lines.append("")
     level = f"{CONFIDENCE:.0%}"
     lines += [
@@ -229,7 +248,8 @@ def render_markdown(report: Report) -> str:
         "memory ÷ the baseline's; "
         f"{delta} = {report.metric} − the baseline's (means, when rows have several runs).",
         f"- p: Welch's t-test of the row's runs against the baseline's; p < {SIGNIFICANCE:g} means the "
-        "difference exceeds run-to-run noise. Only rows and baselines of n ≥ 2 are tested.",
+        "difference exceeds run-to-run noise. Only rows and baselines of n ≥ 2 are tested, and "
+        "none with a run resumed across a change of code or settings (it trained partly under each).",
         f"- s to baseline's {report.metric}: wall-clock seconds of training (validation included) until "
         f"the run's {report.metric} first reached the baseline's final value, from its per-epoch history; "
         "never: it did not within the run.",
@@ -238,14 +258,49 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-def _status_cell(row: dict[str, Any]) -> str:
+def _counts(report: Report) -> str:
+    """The runs of each status, as in "6 completed, 1 pruned, 0 failed" (pruned, interrupted and
+    running elsewhere only where there are any)."""
+    counts = {status: 0 for status in (COMPLETED, PRUNED, INTERRUPTED, RUNNING_ELSEWHERE, FAILED)}
+    for row in report.rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
+    return ", ".join(f"{n} {status}" for status, n in counts.items() if n or status in (COMPLETED, FAILED))
+
+
+def _status_word(row: dict[str, Any]) -> str:
     if row["status"] == PRUNED:
-        status = f"pruned (epoch {_text(row['pruned_epoch'])})"
-    elif row["status"] != COMPLETED:
-        status = "**failed**"
-    else:
-        status = row["status"]
-    return status + (" †" if row["shared_node"] else "")
+        return f"pruned (epoch {_text(row['pruned_epoch'])})"
+    if row["status"] in (COMPLETED, INTERRUPTED, RUNNING_ELSEWHERE):
+        return row["status"]
+    return "**failed**"
+
+
+def _status_cell(row: dict[str, Any]) -> str:
+    status = _status_word(row) + (" †" if row["shared_node"] else "")
+    return "; ".join([status, *(_trained_under(change) for change in row["resumed_across"])])
+
+
+def _trained_under(change: str) -> str:
+    """What a run resumed across ``change`` trained under, e.g. from "code 8373778d→c6928336":
+    "trained under two code versions: 8373778d→c6928336"."""
+    kind, _, versions = change.partition(" ")
+    count = versions.count("→") + 1
+    what = {"code": "code versions"}.get(kind, kind)
+    return f"trained under {_COUNTS.get(count, str(count))} {what}: {versions}"
+
+
+_COUNTS = {2: "two", 3: "three", 4: "four"}
+
+
+def _key_name(key: str) -> str:
+    return "code version" if key == CODE_KEY else f"`{key}`"
+
+
+def _differs_cell(row: dict[str, Any]) -> str:
+    return " ".join(
+        f"code differs: {_text(value)}" if key == CODE_KEY else f"{key}={_text(value)}"
+        for key, value in row["differs"].items()
+    )
 
 
 def _estimate_cell(row: dict[str, Any], name: str, decimals: int) -> str:
@@ -298,13 +353,15 @@ def _noise_lines(report: Report) -> list[str]:
             continue
         parts = []
         if row["speed_up"] is not None:
-            parts.append(_in_words(f"speed-up {row['speed_up']:.2f}x", row["speed_up_p_value"]))
+            speed_up = f"speed-up {row['speed_up']:.2f}x"
+            parts.append(_in_words(speed_up, row["speed_up_p_value"], row["not_tested"]))
         if row["metric_delta"] is not None:
-            parts.append(
-                _in_words(f"Δ {report.metric} {row['metric_delta']:+.4f}", row["metric_delta_p_value"])
-            )
+            delta = f"Δ {report.metric} {row['metric_delta']:+.4f}"
+            parts.append(_in_words(delta, row["metric_delta_p_value"], row["not_tested"]))
         if parts and (
-            row["n"] > 1 or any(row[f"{k}_p_value"] is not None for k in ("speed_up", "metric_delta"))
+            row["n"] > 1
+            or row["not_tested"]
+            or any(row[f"{k}_p_value"] is not None for k in ("speed_up", "metric_delta"))
         ):
             label = " ".join(_config_label(row, report).splitlines())
             lines.append(
@@ -315,7 +372,9 @@ def _noise_lines(report: Report) -> list[str]:
     return lines
 
 
-def _in_words(what: str, p_value: float | None) -> str:
+def _in_words(what: str, p_value: float | None, not_tested: str | None = None) -> str:
+    if not_tested:
+        return f"{what} not tested ({not_tested})"
     if p_value is None:
         return f"{what} not tested (needs n ≥ 2 and some spread on both sides)"
     if p_value < SIGNIFICANCE:
@@ -328,7 +387,7 @@ def _seconds_cell(value: Any) -> str:
 
 
 def _best_line(report: Report) -> list[str]:
-    scored = [row for row in report.rows if _finite(row["metric"])]
+    scored = [row for row in report.rows if row["status"] == COMPLETED and _finite(row["metric"])]
     if not scored:
         return []
     lowest_wins = report.metric_mode == "min"  # as the runs' optimized_metric_mode says
@@ -428,10 +487,11 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
             top = row[f"{throughput_name}_ci95_high"]
             value = max(value, top) if _finite(top) else value  # the note above the error bar
             note = f"{report.metric}\n{row['metric']:.3f}" if _finite(row["metric"]) else "no metric"
-            failed = row["status"] != COMPLETED
             if row["status"] == PRUNED:
                 note = f"pruned\nepoch {_text(row['pruned_epoch'])}"
-            elif failed:
+            elif row["status"] in (INTERRUPTED, RUNNING_ELSEWHERE):
+                note = row["status"].replace(" ", "\n")
+            elif row["status"] != COMPLETED:
                 note = "failed"
             elif row["n"] > 1:
                 note += f"\nn={row['n']}"
@@ -513,12 +573,16 @@ def _devices_label(row: dict[str, Any]) -> str:
 def _config_label(row: dict[str, Any], report: Report) -> str:
     parts = []
     for key in report.swept_keys:
-        if key in _DEVICE_KEYS:
+        if key in _DEVICE_KEYS or key.startswith("precision."):
             continue
         if key == "precision":
             parts.append(str(row["precision"]))
         elif key == "trainer.accumulate_grad_batches":
             parts.append(f"acc {row['accumulate_grad_batches']}")
+        elif key == CODE_KEY:
+            parts.append(f"code {_text(row['differs'].get(key))}")
+        elif key == _MICRO_BATCH and key not in row["differs"]:
+            parts.append(f"batch {_text(row['micro_batch_size'])}")
         else:
             parts.append(f"{key.rsplit('.', 1)[-1]}={_text(row['differs'].get(key))}")
     return "\n".join(parts) or row["run"]
@@ -551,13 +615,10 @@ def report_runs(
     report = build_report(collect_runs(paths), baseline=baseline, metric=metric, metric_mode=metric_mode)
     report.sources = list(paths)
     write_report(report, out_dir)
-    completed = sum(row["n"] for row in report.rows if row["status"] == COMPLETED)
     log.info(
-        "report of %d runs (%d completed, %d pruned, %d failed) in %d rows: %s",
+        "report of %d runs (%s) in %d rows: %s",
         report.run_count,
-        completed,
-        len(report.pruned),
-        len(report.failed),
+        _counts(report),
         len(report.rows),
         out_dir / "report.md",
     )

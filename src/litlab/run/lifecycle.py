@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
-from litlab.config.identity import code_version, run_identity
+from litlab.config.identity import code_version, run_identity, run_settings, settings_fingerprint
 from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
 from litlab.logs import global_rank
@@ -168,12 +168,13 @@ def prepare_run(cfg: DictConfig) -> Run:
         run.lock.acquire()
     code = code_version(cfg, HydraConfig.get())
     run.extra["code_fingerprint"] = code.fingerprint
+    run.extra["settings"] = run_settings(cfg)
     run.resume = resume.decide(
         str(cfg.resume),
         storage,
         is_global_zero=run.is_global_zero,
         debug_run=bool(cfg.trainer.get("fast_dev_run")),  # a key the YAML leaves out: Lightning's default
-        code=code.record(),
+        code={**code.record(), "settings": settings_fingerprint(run.extra["settings"])},
     )
     if run.resume.identity is not None:  # the run completed with other code: this code is a new run
         log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
@@ -313,6 +314,7 @@ def summarise(
         checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
         resume_exact=run.resume_exact,
         resumed_count=run.resume.resumed_count if run.resume else 0,
+        resumed_across=run.resume.resumed_across if run.resume else [],
         tensorboard_dir=_tensorboard_dir(run),
         wall_time_s=round(time.time() - run.started, 3),
         started_at=_isoformat(run.started),

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 PRUNED = "pruned"  # an Optuna trial stopped early by its pruner
+RUNNING_ELSEWHERE = "running elsewhere"  # a sweep's job whose run another process was training
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
 
@@ -80,6 +81,10 @@ class Summary:
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
     code_fingerprint: str | None = None  # the user's code and configs (litlab.config.identity.CodeVersion)
+    # What the run trains (litlab.config.identity.run_settings): reports group runs by it.
+    settings: dict[str, Any] | None = None
+    # A run resumed across a change, e.g. ["code 8373778d→c6928336"]: it trained partly under each.
+    resumed_across: list[str] = field(default_factory=list)
 
     @property
     def completed(self) -> bool:
@@ -125,6 +130,7 @@ class Summary:
     ) -> Summary:
         """What a run's config says about it, for a run that has no Trainer to ask (it failed before
         one existed, or its process died before writing a summary)."""
+        from litlab.config.identity import run_settings
         from litlab.config.rules import ConfigError, batch_sizes, device_count
 
         def select(key: str) -> Any:
@@ -159,6 +165,7 @@ class Summary:
             global_batch_size=select("global_batch_size"),
             finished_at=now(),
             sweep=sweep,
+            settings=run_settings(cfg) or None,
         )
 
 

@@ -48,6 +48,7 @@ class Decision:
     tensorboard_dir: Path | None = None  # where a resumed run's TensorBoard logger continues
     identity: str | None = None  # the storage folder of another version of the code than the first
     code: dict[str, Any] | None = field(default=None, compare=False)  # this start's, run.json records it
+    resumed_across: list[str] = field(default_factory=list)  # "code a→b": trained partly under each
 
 
 def load_point(url: str) -> ResumePoint:
@@ -174,7 +175,28 @@ def _decide_in(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] |
             storage.identity,
             ", ".join(changed),
         )
-    return _resuming(point, resumed_before, record)
+    decision = _resuming(point, resumed_before, record)
+    decision.resumed_across = _versions_trained(record, code)
+    return decision
+
+
+def _versions_trained(record: dict[str, Any], code: dict[str, Any] | None) -> list[str]:
+    """What changed between the starts that trained the run (since it last started fresh) and this
+    one: ``["code 8373778d→c6928336"]``, ``["settings 1a2b3c4d→5e6f7a8b"]`` (a fixed run_name)."""
+    starts = [*(record.get("starts") or []), _fingerprints(code)]
+    fresh = max((i for i, start in enumerate(starts[:-1]) if not start.get("resumed_from")), default=0)
+    changes = []
+    for what in ("code", "settings"):
+        seen = [str(s[what])[:8] for s in starts[fresh:] if s.get(what)]
+        versions = [v for i, v in enumerate(seen) if i == 0 or seen[i - 1] != v]
+        if len(versions) > 1:
+            changes.append(f"{what} {'→'.join(versions)}")
+    return changes
+
+
+def _fingerprints(code: dict[str, Any] | None) -> dict[str, Any]:
+    """A start's record of what it trains: the code's and the settings' fingerprints."""
+    return {"code": code["fingerprint"], "settings": code.get("settings")} if code else {}
 
 
 def _resuming(point: ResumePoint, resumed_before: int, record: dict[str, Any]) -> Decision:
@@ -356,7 +378,8 @@ def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None
             "resumed_from": decision.point.url if decision.point else None,
             "epoch": decision.point.epoch if decision.point else None,
             "global_step": decision.point.global_step if decision.point else None,
-            "code": decision.code["fingerprint"] if decision.code else None,
+            "code": None,
+            **_fingerprints(decision.code),
         }
     )
     record.update(

@@ -33,9 +33,11 @@ log = logging.getLogger("litlab")
 CHECKPOINT_SUFFIX = ".ckpt"
 TEMPORARY_SUFFIX = ".tmp"  # an interrupted atomic write leaves ``.<name>.<random>.tmp`` behind
 OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs")}
-# Hydra's record of a start in the run's folder, which is the storage folder when storage is local
-# (hydra.run.dir): it belongs to the start under way, not to what the run stored.
-HYDRA_RECORD = (".hydra", "train.log")
+# The record of a start in the run's folder, which is the storage folder when storage is local
+# (hydra.run.dir): Hydra's, and a sweep job's command and output. It belongs to the start under way,
+# not to what the run stored. The logs are appended to by every start (and open now).
+START_RECORD = (".hydra", "train.log", "command.sh", "output.log")
+_APPENDED_LOGS = ("train.log", "output.log")
 # Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
 _BACKOFF_CAP_S = 20
 
@@ -276,27 +278,27 @@ class RunStorage:
         return [str(p) for p in leftovers]
 
     def has_files(self) -> bool:
-        """Whether the run stored anything here (Hydra's record of a start does not count)."""
+        """Whether the run stored anything here (the record of a start does not count)."""
         try:
             found = self.fs.find(self.path)
         except FileNotFoundError:
             return False
-        return any(self._entry_of(f) not in HYDRA_RECORD for f in found)
+        return any(self._entry_of(f) not in START_RECORD for f in found)
 
     def _entry_of(self, path: str) -> str:
         return path[len(self.path) :].lstrip("/").split("/", 1)[0]
 
     def set_aside(self) -> str:
         """Move what the run stored here to ``<folder>.replaced-<time>`` (nothing is deleted); returns
-        its URL. Hydra's record of the start under way stays (train.log is copied: the file is open)."""
+        its URL. The record of the start under way stays (its logs are copied: they are open)."""
         stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         target = f"{self.path}.replaced-{stamp}"
         self.fs.makedirs(target, exist_ok=True)
         for entry in self.fs.ls(self.path, detail=False, refresh=True):
             name = self._entry_of(str(entry))
-            if name == "train.log":
+            if name in _APPENDED_LOGS:
                 self.fs.cp_file(entry, f"{target}/{name}")
-            elif name not in HYDRA_RECORD:
+            elif name not in START_RECORD:
                 self.fs.mv(entry, f"{target}/{name}", recursive=True)
         return target if self.is_local else self.fs.unstrip_protocol(target)
 

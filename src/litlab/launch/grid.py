@@ -1,0 +1,86 @@
+"""The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values, as
+Hydra's basic sweeper makes it, planned whole before any job starts.
+
+Every job's config is composed once (a value that does not compose is one ``litlab: error:`` line,
+exit 2, and no sweep folder); two jobs that train differently but would share a run name or a folder
+refuse the sweep the same way; jobs that train the same run (``optimizer.lr=0.002,2e-3``) run once.
+Hydra's ``BasicSweeper`` lives in ``hydra._internal``, so the grid itself (a product of the swept
+values, in command-line order) is written out here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from litlab.config.rules import ConfigError
+from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
+from litlab.run import sweep_record
+
+log = logging.getLogger(__name__)
+
+
+class GridSweeper(PlanningSweeper):
+    """Hydra sweeper: the grid of the swept values, checked whole before any job (module docstring)."""
+
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        self.max_batch_size = max_batch_size
+        self.params = dict(params or {})
+
+    def run(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        assert self.config is not None
+        swept = [*(f"{key}={value}" for key, value in self.params.items()), *arguments]
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        unique, same = distinct_runs(self.plan(swept))
+        sweep_record.start(
+            sweep_dir, swept, [{"overrides": d.overrides, "same_as": unique.index(f)} for d, f in same]
+        )
+        for dup, first in same:
+            own = " ".join(o for o in dup.overrides if o not in first.overrides) or "the same overrides"
+            log.info("job %s (%s) trains the same run as job %s: it runs once", dup.num, own, first.num)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else len(unique) or 1
+        return [
+            self.launcher.launch(
+                [plan.overrides for plan in unique[start : start + size]], initial_job_idx=start
+            )
+            for start in range(0, len(unique), size)
+        ]
+
+    def plan(self, swept: list[str]) -> list[JobPlan]:
+        """Every job of the grid, composed (the current HydraConfig is left as it was)."""
+        assert self.config is not None and self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        try:
+            parsed = parser.parse_overrides(swept)
+        except HydraException as error:
+            raise ConfigError(" ".join(str(error).split())) from None
+        axes: dict[str, list[str]] = {}  # one axis per key, in command-line order; a later one replaces
+        for override in parsed:
+            key = override.get_key_element()
+            if override.is_sweep_override():
+                if not override.is_discrete_sweep():
+                    raise ConfigError(f"{override.input_line}: a grid sweeps lists and ranges, not intervals")
+                axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+            else:
+                axes[key] = [f"{key}={override.get_value_element_as_str()}"]
+        sweep_hydra_config = HydraConfig.instance().cfg
+        plans = []
+        try:
+            for num, job in enumerate(itertools.product(*axes.values())):
+                try:
+                    config = job_config(self.hydra_context, self.config, list(job), num)
+                except ConfigError as error:
+                    raise ConfigError(f"the job {' '.join(job)} does not compose: {error}") from None
+                plans.append(JobPlan.of(config, list(job)))
+        finally:
+            HydraConfig.instance().cfg = sweep_hydra_config
+        return plans

@@ -1,0 +1,198 @@
+"""A grid sweep is planned whole before any job starts (``litlab.launch.grid``): a value that does not
+compose, or two jobs that train differently but would share a run name or a folder, refuse it in one
+line; jobs that train the same run run once; a sweep folder holds one sweep's record.
+
+The sweeper runs in-process with Hydra's real config loader and a launcher that only records what it
+was handed: what is under test is what reaches the launcher, and what the sweep folder holds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import HydraContext, RunMode
+
+from litlab.config import resolvers, schema
+from litlab.config.preflight import CONFIG_DIR
+from litlab.launch.grid import GridSweeper
+from litlab.run import sweep_record
+
+
+class RecordingLauncher:
+    """Hands nothing to any process: keeps the batches of job overrides it was given."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[list[str]]] = []
+
+    def launch(self, job_overrides, initial_job_idx: int) -> list:
+        self.batches.append([list(o) for o in job_overrides])
+        return []
+
+    @property
+    def jobs(self) -> list[list[str]]:
+        return [job for batch in self.batches for job in batch]
+
+
+@pytest.fixture(autouse=True)
+def _logs(log_dir):
+    """Every run folder the plan names lies in the test's own logs/ (LITLAB_LOG_DIR)."""
+
+
+def grid(tmp_path: Path, *hydra_overrides: str, arguments: tuple[str, ...] = ()) -> GridSweeper:
+    """The grid sweeper of ``litlab-train -m <hydra_overrides> <arguments>``, as Hydra sets it up
+    (its sweep folder ``tmp_path/sweep``); ``sweep()`` then takes the command's task overrides."""
+    schema.register()
+    resolvers.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    overrides = [f"hydra.sweep.dir={tmp_path / 'sweep'}", *hydra_overrides, *arguments]
+    config = loader.load_configuration("train", overrides, run_mode=RunMode.MULTIRUN)
+    HydraConfig.instance().set_config(config)
+    sweeper = GridSweeper(config.hydra.sweeper.max_batch_size, config.hydra.sweeper.params)
+    sweeper.hydra_context = HydraContext(config_loader=loader, callbacks=None)
+    sweeper.config, sweeper.launcher = config, RecordingLauncher()
+    return sweeper
+
+
+def refusal(sweeper: GridSweeper, arguments: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as refused:
+        sweeper.sweep(["model=mlp", *arguments])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("litlab: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("hydra_overrides", "arguments", "colliding"),
+    [
+        # every job would write the one folder a single run's habit gives it
+        (
+            ["hydra.run.dir=${paths.log_dir}/mine"],
+            ["precision=fp32,bf16"],
+            ["precision=fp32", "precision=bf16"],
+        ),
+        # one run name for runs of different seeds: n=3 "± 0.0" from one run
+        ([], ["seed=1,2,3", "run_name=foo"], ["seed=1", "seed=2"]),
+        # a subdir that names two runs alike: four jobs, two folders
+        (
+            ["hydra.sweep.subdir=${precision.name}"],
+            ["precision=fp32,bf16", "seed=21,22"],
+            ["seed=21", "seed=22"],
+        ),
+    ],
+)
+def test_jobs_that_train_differently_never_share_a_folder_the_sweep_is_refused_before_any_job(
+    tmp_path, capsys, hydra_overrides, arguments, colliding
+):
+    sweeper = grid(tmp_path, *hydra_overrides)
+    line = refusal(sweeper, arguments, capsys)
+    assert all(override in line for override in colliding), line
+    assert "would share" in line and "run_name, hydra.run.dir and hydra.sweep.subdir" in line
+    assert sweeper.launcher.jobs == []  # no job started
+    assert not (tmp_path / "sweep").exists()  # and no sweep folder: nothing to mistake for a result
+
+
+def test_jobs_that_train_the_same_run_run_once_and_the_record_says_which(tmp_path):
+    sweeper = grid(tmp_path)
+    sweeper.sweep(["model=mlp", "precision=fp32,bf16", "optimizer.lr=0.002,2e-3,0.01"])
+    launched = sweeper.launcher.jobs
+    assert [(j[1], j[2]) for j in launched] == [
+        ("precision=fp32", "optimizer.lr=0.002"),
+        ("precision=fp32", "optimizer.lr=0.01"),
+        ("precision=bf16", "optimizer.lr=0.002"),
+        ("precision=bf16", "optimizer.lr=0.01"),
+    ]
+    _, sweep = sweep_record.read(tmp_path / "sweep")
+    assert [(run["overrides"][1:], run["same_as"]) for run in sweep["same_runs"]] == [
+        (["precision=fp32", "optimizer.lr=0.002"], 0),
+        (["precision=bf16", "optimizer.lr=0.002"], 2),
+    ]
+
+
+def test_a_value_that_does_not_compose_is_one_line_and_leaves_no_sweep_folder(tmp_path, capsys):
+    sweeper = grid(tmp_path)
+    line = refusal(sweeper, ["precision=fp32,fp61"], capsys)
+    assert "'fp61' is not an option of group 'precision'" in line and "fp32" in line
+    assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_folder_holds_one_sweep_the_same_sweep_again_starts_its_record_afresh(tmp_path, capsys):
+    first = grid(tmp_path)
+    first.sweep(["model=mlp", "precision=fp32,bf16"])
+    sweep_dir = tmp_path / "sweep"
+    # What the jobs leave: a record entry each, a link to a run folder, a refused job's own folder.
+    (sweep_dir / "0").symlink_to(tmp_path, target_is_directory=True)
+    (sweep_dir / "1").mkdir()
+    (sweep_dir / ".jobs" / "0.json").write_text(json.dumps({"job_num": 0, "summary": {}}))
+
+    other = grid(tmp_path)
+    line = refusal(other, ["trainer.accumulate_grad_batches=1,2"], capsys)
+    assert f"hydra.sweep.dir={sweep_dir} holds another sweep (model=mlp precision=fp32,bf16)" in line
+    assert other.launcher.jobs == [] and (sweep_dir / ".jobs" / "0.json").is_file()  # left as it was
+
+    again = grid(tmp_path)
+    again.sweep(["model=mlp", "precision=fp32,bf16"])
+    assert len(again.launcher.jobs) == 2
+    assert sweep_record.read(sweep_dir)[0] == []  # the earlier start's entries are gone, not mixed in
+    assert not (sweep_dir / "0").exists() and not (sweep_dir / "1").exists()
+
+
+def test_the_fixed_values_of_a_users_sweep_file_are_part_of_each_runs_identity(tmp_path):
+    configs = tmp_path / "configs"
+    (configs / "sweep").mkdir(parents=True)
+    sweep_file = configs / "sweep" / "mysweep.yaml"
+
+    def identities(max_epochs: int, batch_size: int) -> list[str]:
+        sweep_file.write_text(
+            "# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n"
+            "      precision: fp32,bf16\n"
+            f"trainer:\n  max_epochs: {max_epochs}\ndata:\n  batch_size: {batch_size}\n"
+        )
+        searchpath = f"hydra.searchpath=[file://{configs}]"
+        sweeper = grid(tmp_path, searchpath, arguments=("sweep=mysweep",))
+        return [plan.identity for plan in sweeper.plan(["sweep=mysweep", "precision=fp32,bf16"])]
+
+    before, after = identities(1, 32), identities(3, 128)
+    assert len(set(before)) == 2 and not set(before) & set(after)  # edited: new runs, not "completed"
+    assert identities(1, 32) == before
+
+
+def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere_not_completed(tmp_path):
+    """The pool asks the run's lock before starting a job: a live holder elsewhere means this sweep
+    has no result of its own for that run, and its record says so."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    import psutil
+
+    from litlab.config.identity import run_identity
+    from litlab.launch.pool import DevicePoolLauncher, DeviceSchedule, QueuedJob
+    from litlab.storage import lock
+    from litlab.storage.roots import RunStorage
+
+    sweeper = grid(tmp_path)
+    (plan,) = sweeper.plan(["model=mlp", "seed=5"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        storage = RunStorage(str(plan.folder.parent), plan.identity)
+        holder = dataclasses.replace(
+            lock.Holder.of_this_process(),
+            pid=other.pid,
+            process_started=psutil.Process(other.pid).create_time(),
+        )
+        lock._write(storage, holder)
+        pool = DevicePoolLauncher()
+        pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
+        returned = pool._prepare(0, QueuedJob(["model=mlp", "seed=5"]), DeviceSchedule(["0"]))
+    finally:
+        other.kill()
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep") or ([], None)
+    assert entry["outcome"] == "running elsewhere" and entry["summary"]["status"] == "running elsewhere"
+    assert f"pid {other.pid}" in entry["summary"]["error"] and run_identity(returned.cfg) == plan.identity
+    assert returned.return_value is None  # no metric: nothing for a sweeper to be told as a result
