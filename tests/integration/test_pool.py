@@ -160,6 +160,7 @@ def test_sigterm_stops_every_job_with_a_checkpoint_and_the_same_command_finishes
     ]
     assert [j["outcome"] for j in second_jobs] == ["skipped", "trained", "trained"]
     assert f"job 0 of sweep {first}" in second_jobs[0]["note"]
+    assert second_jobs[0]["summary"]["sweep"]["skipped"] is True  # its copy in the record says so
     # The first sweep's report is what it did, though its runs completed since; a run that both
     # sweeps list (job 0) counts once.
     assert [row["status"] for row in build_report(collect_runs([first])).rows] == ["completed"] + [

@@ -196,3 +196,37 @@ def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere
     assert entry["outcome"] == "running elsewhere" and entry["summary"]["status"] == "running elsewhere"
     assert f"pid {other.pid}" in entry["summary"]["error"] and run_identity(returned.cfg) == plan.identity
     assert returned.return_value is None  # no metric: nothing for a sweeper to be told as a result
+
+
+def test_an_edited_value_in_a_config_file_is_another_run_not_one_resumed_across_the_edit(tmp_path):
+    """Job 0 of a sweep killed, ``dropout: 0.1`` edited to 0.9, the same command: fp32 used to
+    resume (trained partly under each value) while bf16 trained fresh, and bf16 took the blame."""
+    from litlab.config.preflight import CONFIG_DIR
+
+    configs = tmp_path / "configs"
+    (configs / "model").mkdir(parents=True)
+    mine = configs / "model" / "mine.yaml"
+    searchpath = f"hydra.searchpath=[file://{configs}]"
+
+    def identities(dropout: float) -> list[str]:
+        mine.write_text((CONFIG_DIR / "model" / "mlp.yaml").read_text().replace("0.1", str(dropout)))
+        sweeper = grid(tmp_path, searchpath, arguments=("model=mine",))
+        return [plan.identity for plan in sweeper.plan(["model=mine", "precision=fp32,bf16"])]
+
+    assert "dropout: 0.1" in (CONFIG_DIR / "model" / "mlp.yaml").read_text()
+    before, after = identities(0.1), identities(0.9)
+    assert not set(before) & set(after)  # both jobs are new runs: none resumes the other value's run
+
+
+def test_a_job_resumed_across_a_change_is_said_in_the_sweeps_log(tmp_path, caplog):
+    from litlab.launch.multirun import job_config, record_job
+
+    sweeper = grid(tmp_path)
+    job = job_config(sweeper.hydra_context, sweeper.config, ["model=mlp"], 0)
+    summary = {"status": "completed", "run_name": "mine", "resumed_across": ["code 8373778d→c6928336"]}
+    with caplog.at_level("WARNING", logger="litlab.launch.multirun"):
+        record_job(job.hydra, Path(job.hydra.runtime.output_dir), summary, sweep_record.TRAINED)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "job 0 resumed run mine across a change (code 8373778d→c6928336)" in line
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert entry["summary"]["resumed_across"] == ["code 8373778d→c6928336"]
