@@ -429,22 +429,19 @@ class DevicePoolLauncher(Launcher):
             self._write_job_files(job, task_cfg)
             return self._not_started(job, refusal)
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        found = self._found_in_storage(task_cfg, config.hydra)
-        if (
-            found is not None and found[0] == sweep_record.SKIPPED
-        ):  # the run's folder shows it as it completed
-            summary = found[1]
-            log.info("job %d: run %s already completed, skipped", index, summary.get("run_name"))
+        outcome, found = self._found_in_storage(task_cfg, config.hydra) or (None, None)
+        if outcome == sweep_record.SKIPPED:  # the run's folder shows it as it completed
+            log.info("job %d: run %s already completed, skipped", index, found.get("run_name"))
             sweep_record.list_job(sweep_dir, index, job_dir)
-            self._record(job, summary, sweep_record.SKIPPED, sweep_record.skipped_note(summary))
-            return self._job_return(job, summary)
-        if found is not None:  # another process trains this run: its result is not this sweep's to report
+            self._record(job, found, outcome, sweep_record.skipped_note(found))
+            return self._job_return(job, found)
+        if outcome == sweep_record.ELSEWHERE:  # another process trains the run: no result of this sweep's
             from litlab.run.summary import RUNNING_ELSEWHERE
 
-            log.warning("job %d not started: %s", index, found[1])
-            summary = self._failed_summary(job, found[1]).to_dict()
+            log.warning("job %d not started: %s", index, found)
+            summary = self._failed_summary(job, found).to_dict()
             summary["status"] = RUNNING_ELSEWHERE
-            self._record(job, summary, sweep_record.ELSEWHERE)
+            self._record(job, summary, outcome)
             return self._job_return(job, summary)
         self._write_job_files(job, task_cfg)
         sweep_record.list_job(sweep_dir, index, job_dir)
