@@ -30,7 +30,13 @@ from omegaconf.errors import (
 
 from litlab.config import rules, schema, signatures
 from litlab.config.identity import run_identity
-from litlab.config.preflight import CONFIG_DIR, check_train_config, composition_message, config_dirs
+from litlab.config.preflight import (
+    CONFIG_DIR,
+    check_train_config,
+    composition_message,
+    config_dirs,
+    first_line,
+)
 from litlab.logs import global_rank
 from litlab.storage import lock, roots
 
@@ -69,7 +75,7 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
         ) from None
     except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
         raise rules.ConfigError(
-            f"malformed override: {_first_line(str(error))} (see --help for the syntax)"
+            f"malformed override: {first_line(str(error))} (see --help for the syntax)"
         ) from None
     # A sweep file (hydra.mode: MULTIRUN) is checked on its base config: a bad value all its jobs
     # share fails here once; values its sweeper varies are checked by each job.
@@ -100,7 +106,7 @@ def _parsed(args: list[str]) -> list:
         return OverridesParser.create().parse_overrides(args)
     except OverrideParseException as error:
         raise rules.ConfigError(
-            f"malformed override '{error.override}': {_first_line(error.message)} (see --help for the syntax)"
+            f"malformed override '{error.override}': {first_line(error.message)} (see --help for the syntax)"
         ) from None
 
 
@@ -161,10 +167,6 @@ def _user_group_key_message(config_name: str, args: list[str], error: BaseExcept
     except Exception:  # the other overrides do not compose either: Hydra's message it is
         return None
     return None
-
-
-def _first_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.strip().splitlines()[:1])
 
 
 def _exit(message: str) -> None:

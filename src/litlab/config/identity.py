@@ -63,13 +63,7 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
         elif isinstance(node, dict) and node:
             for name, value in node.items():
                 walk(value, f"{key}.{name}" if key else str(name))
-        elif (
-            isinstance(node, str)
-            and "${" in node
-            and not (
-                _KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node)  # ${optimizer}: a setting itself
-            )
-        ):
+        elif _resolves_to_a_setting(node):
             try:
                 value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
                 settings[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
@@ -84,16 +78,27 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
     return dict(sorted(settings.items()))
 
 
+def _resolves_to_a_setting(node: Any) -> bool:
+    """An interpolation whose value is a setting: not a location, the environment, nor a whole node
+    (``${optimizer}``, a setting of its own)."""
+    return (
+        isinstance(node, str)
+        and "${" in node
+        and not (_KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node))
+    )
+
+
 def settings_fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def run_identity(cfg: DictConfig) -> str:
-    """``run_name``, or the experiment name plus a hash of the run's settings (``run_settings``):
-    two commands that train the same are one run, two that train differently never are."""
+def run_identity(cfg: DictConfig, settings: dict[str, Any] | None = None) -> str:
+    """``run_name``, or the experiment name plus a hash of the run's settings (``run_settings``, or
+    ``settings`` where the caller has them): two commands that train the same are one run, two that
+    train differently never are."""
     if cfg.run_name:
         return str(cfg.run_name)
-    return f"{cfg.experiment_name}-{settings_fingerprint(run_settings(cfg))[:10]}"
+    return f"{cfg.experiment_name}-{settings_fingerprint(settings or run_settings(cfg))[:10]}"
 
 
 def run_folder(cfg: DictConfig) -> str:

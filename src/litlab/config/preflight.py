@@ -57,17 +57,17 @@ def composition_message(error: BaseException) -> str:
         if error.options:
             options = ", ".join(sorted(error.options))
             return f"'{name}' is not an option of group '{group}': choose one of {options}"
-        return _first_line(str(error))
+        return first_line(str(error))
     cause = error.__cause__
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None)
-        reason = _first_line(str(cause))
+        reason = first_line(str(cause))
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
             return f"unknown key '{key}'{_allowed_keys(cause)}"
         if key:
             return f"bad value for '{key}': {reason}"
         return reason
-    return _first_line(str(error))
+    return first_line(str(error))
 
 
 def _allowed_keys(error: OmegaConfBaseException) -> str:
@@ -78,5 +78,6 @@ def _allowed_keys(error: OmegaConfBaseException) -> str:
     return f": allowed keys are {', '.join(names)}"
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first line of an error's text, its runs of spaces made one."""
     return " ".join(line.strip() for line in text.strip().splitlines()[:1])

@@ -257,8 +257,11 @@ class JobPlan:
         folder = Path(str(config.hydra.runtime.output_dir))
         if config.get("task_name") != "train":
             return cls(int(config.hydra.job.num), list(overrides), folder, None, None)
-        settings = settings_fingerprint(run_settings(config))
-        return cls(int(config.hydra.job.num), list(overrides), folder, run_identity(config), settings)
+        settings = run_settings(config)
+        identity = run_identity(config, settings)
+        return cls(
+            int(config.hydra.job.num), list(overrides), folder, identity, settings_fingerprint(settings)
+        )
 
 
 def distinct_runs(plans: list[JobPlan]) -> tuple[list[JobPlan], list[tuple[JobPlan, JobPlan]]]:

@@ -375,8 +375,7 @@ class OptunaSearch(PlanningSweeper):
         if not space.distributions:
             raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
         enqueued = parse_enqueued(self.enqueue)
-        self._check_choices(space)
-        self._check_distinct(space)
+        self._check_space(space)
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         url = storage_url(self.storage, str(cfg.storage.root), name)
         quiet_optuna()
@@ -459,22 +458,16 @@ class OptunaSearch(PlanningSweeper):
         self.plans.append(JobPlan.of(config, overrides))
         distinct_runs(self.plans)
 
-    def _check_distinct(self, space: SearchSpace) -> None:
-        """Two trials at opposite ends of the space get folders of their own: a fixed ``run_name``
-        or ``hydra.run.dir`` is refused before any trial starts."""
-        for end in (0, -1):
-            params = {name: _end_of(dist, end) for name, dist in space.distributions.items()}
+    def _check_space(self, space: SearchSpace) -> None:
+        """Before any trial: every choice of every categorical parameter composes, and trials at the
+        two ends of the space get folders of their own (a fixed ``run_name`` or ``hydra.run.dir`` is
+        refused)."""
+        points = [{name: _end_of(dist, end) for name, dist in space.distributions.items()} for end in (0, -1)]
+        for name, distribution in space.distributions.items():
+            points += [{name: choice} for choice in getattr(distribution, "choices", ())]
+        for params in points:
             self.check_composes([*space.fixed, *trial_overrides(params)])
         self.plans.clear()  # what they checked; the trials are checked against each other
-
-    def _check_choices(self, space: SearchSpace) -> None:
-        """Every choice of every categorical parameter composes, before any trial is asked for."""
-        from optuna.distributions import CategoricalDistribution
-
-        for name, distribution in space.distributions.items():
-            if isinstance(distribution, CategoricalDistribution):
-                for choice in distribution.choices:
-                    self.check_composes([*space.fixed, f"{name}={_override_value(choice)}"])
 
     def _run_async(self, trials: _Trials) -> None:
         """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
@@ -520,22 +513,22 @@ def _end_of(distribution: Any, end: int) -> Any:
 def record_study(study: optuna.Study, sweep_dir: Path) -> None:
     """The sweep's record of a study that was complete before it started: each of its trials, as
     skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
-    for number, trial in enumerate(study.get_trials(deepcopy=False)):
-        job_dir = Path(str(trial.user_attrs.get("job_dir") or ""))
-        summary = _job_summary(JobReturn(), job_dir) if trial.user_attrs.get("job_dir") else {}
-        if not summary or trial.user_attrs.get(UNUSED_ATTR):
-            continue
-        note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
-        target = job_dir.resolve() if job_dir.exists() else job_dir
-        sweep_record.write_job(
-            sweep_dir,
-            number,
-            sweep_record.SKIPPED,
-            summary,
-            run_dir=target,
-            overrides=summary.get("overrides") or [],
-            note=note,
-        )
+    for trial in study.get_trials(deepcopy=False):
+        folder = trial.user_attrs.get("job_dir")
+        summary = _job_summary(JobReturn(), Path(folder)) if folder else {}
+        if summary and not trial.user_attrs.get(UNUSED_ATTR):
+            note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
+            run_dir = Path(summary.get("run_dir") or folder)
+            overrides = summary.get("overrides") or []
+            sweep_record.write_job(
+                sweep_dir,
+                trial.number,
+                sweep_record.SKIPPED,
+                summary,
+                run_dir=run_dir,
+                overrides=overrides,
+                note=note,
+            )
 
 
 def _quoted(text: str) -> str:

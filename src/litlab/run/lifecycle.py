@@ -150,7 +150,8 @@ def prepare_run(cfg: DictConfig) -> Run:
     check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    identity = run_identity(cfg)
+    settings = run_settings(cfg)
+    identity = run_identity(cfg, settings)
     options = storage_options(cfg.storage)
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
@@ -168,13 +169,13 @@ def prepare_run(cfg: DictConfig) -> Run:
         run.lock.acquire()
     code = code_version(cfg, HydraConfig.get())
     run.extra["code_fingerprint"] = code.fingerprint
-    run.extra["settings"] = run_settings(cfg)
+    run.extra["settings"] = settings
     run.resume = resume.decide(
         str(cfg.resume),
         storage,
         is_global_zero=run.is_global_zero,
         debug_run=bool(cfg.trainer.get("fast_dev_run")),  # a key the YAML leaves out: Lightning's default
-        code={**code.record(), "settings": settings_fingerprint(run.extra["settings"])},
+        code={**code.record(), "settings": settings_fingerprint(settings)},
     )
     if run.resume.identity is not None:  # the run completed with other code: this code is a new run
         log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)

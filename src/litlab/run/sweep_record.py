@@ -18,6 +18,7 @@ from typing import Any
 
 from litlab.config.redact import redact_overrides, redact_summary
 from litlab.config.rules import ConfigError
+from litlab.run.summary import COMPLETED
 from litlab.storage.roots import write_text_atomic
 
 RECORD_DIR = ".jobs"
@@ -77,7 +78,7 @@ def outcome_of(summary: dict[str, Any], job_started_at: str) -> tuple[str, str |
     """Whether the job's process trained the run whose summary it left, or found it completed
     before it started (``started_at`` is local ISO time to the second, as summary.json writes it)."""
     started = str(summary.get("started_at") or "")
-    if summary.get("status") == "completed" and started and started < job_started_at:
+    if summary.get("status") == COMPLETED and started and started < job_started_at:
         return SKIPPED, skipped_note(summary)
     return TRAINED, None
 
