@@ -521,11 +521,14 @@ def sweep_section(bench: Bench) -> dict[str, Any]:
         if summary["status"] != "completed":
             raise RuntimeError(f"{summary_file.parent}: {summary['status']}: {summary['error']}")
         steps = json.loads((summary_file.parent / "steps.json").read_text())
-        start, end = (_unix(summary["sweep"][k]) for k in ("start", "end"))
+        # The pool's own record of the job (its devices, start and end): the sweep's, in .jobs/.
+        pool = json.loads((sweep_dir / ".jobs" / f"{summary_file.parent.name}.json").read_text())
+        pooled = pool["summary"]["sweep"]
+        start, end = (_unix(pooled[k]) for k in ("start", "end"))
         jobs.append(
             {
                 "hold_s": settings.pool_holds[int(summary_file.parent.name)],
-                "devices": summary["sweep"]["devices"],
+                "devices": pooled["devices"],
                 "start_s": start,
                 "seconds": end - start,
                 "first_step_s": steps["first_step_unix"] - start,

@@ -4,9 +4,10 @@ fixture).
 PostgreSQL refuses to run as root, so ``initdb`` and ``pg_ctl`` run as the ``postgres`` user
 (``runuser``) on a folder that user owns; the server listens on a free port of 127.0.0.1 only, trusts
 local connections (no password: nothing secret in the URLs tests print), and is stopped with
-``pg_ctl -m fast stop`` when the test ends. Starting it takes about a second. Where the binaries are
-missing they are installed with apt-get (root machines: a developer's, CI's); the test is skipped only
-on a machine that can do neither.
+``pg_ctl -m fast stop`` when the test ends. ``stop()`` and ``start()`` take it down and bring it back
+mid-test, on the same port and data, as a restart or a failover does. Starting it takes about a
+second. Where the binaries are missing they are installed with apt-get (root machines: a
+developer's, CI's); the test is skipped only on a machine that can do neither.
 """
 
 from __future__ import annotations
@@ -32,11 +33,20 @@ ROLE = "litlab"  # the database role the tests connect as
 class PostgresServer:
     port: int
     database: str
+    folder: Path
 
     @property
     def url(self) -> str:
         """The URL a user would type (litlab maps postgresql:// to psycopg 3)."""
         return f"postgresql://{ROLE}@127.0.0.1:{self.port}/{self.database}"
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        data, log = str(self.folder / "data"), str(self.folder / "server.log")
+        _as_postgres(str(BIN / "pg_ctl"), "-D", data, "-o", options, "-l", log, "-w", "start")
+
+    def stop(self) -> None:
+        _as_postgres(str(BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
 
 
 def _as_postgres(*command: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -72,17 +82,15 @@ def postgres_server() -> Iterator[PostgresServer]:
     data = folder / "data"
     if os.geteuid() == 0:
         shutil.chown(folder, USER, USER)
-    port = free_port()
+    server = PostgresServer(port=free_port(), database="litlab", folder=folder)
     _as_postgres(str(BIN / "initdb"), "-A", "trust", "-U", ROLE, "-D", str(data))
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    _as_postgres(
-        str(BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "server.log"), "-w", "start"
-    )
+    server.start()
     try:
-        _as_postgres(str(BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", ROLE, "litlab")
-        yield PostgresServer(port=port, database="litlab")
+        _as_postgres(str(BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", ROLE, "litlab")
+        yield server
     finally:
         try:
-            _as_postgres(str(BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+            if (data / "postmaster.pid").exists():  # a test may leave it stopped
+                server.stop()
         finally:
             shutil.rmtree(folder, ignore_errors=True)

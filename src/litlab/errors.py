@@ -12,18 +12,36 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("litlab")
 
+# How every litlab command and sweep job ends (docs/runs.md): the one table of exit codes.
+EXIT_FAILED = 1  # a run failed (while training, a hang, a lost rank) or a sweep has unfinished rows
+EXIT_REFUSED = 2  # bad input, refused before anything ran
+EXIT_PREEMPTED = 128 + 15  # SIGTERM (a spot VM, Slurm): what a shell reports for a process it ended
+ERROR_PREFIX = "litlab: error: "
+
+
+def error_line(reason: object) -> str:
+    """The one form of a one-line error: ``litlab: error: <reason>``, its runs of spaces and line
+    breaks made one space."""
+    return ERROR_PREFIX + one_line(reason)
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line; an error with no message is named by its type."""
+    line = " ".join(str(text).split())
+    return line or (type(text).__name__ if isinstance(text, BaseException) else "")
+
 
 class LitlabError(CompactHydraException):
     """A problem the user can fix; ``reason`` is one sentence naming the value and what to do."""
 
-    exit_code = 2  # bad input, as preflight's; failures during training use 1
+    exit_code = EXIT_REFUSED  # bad input, as preflight's; failures during training use EXIT_FAILED
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
     def __str__(self) -> str:  # the same form as preflight's lines
-        return f"litlab: error: {self.reason}"
+        return error_line(self.reason)
 
 
 def error_chain(error: BaseException) -> list[BaseException]:

@@ -1,17 +1,27 @@
-"""Where this rank is in its run (``HEARTBEAT``), for the hang detector (``litlab.run.hangs``).
+"""Where this rank is in its run (``HEARTBEAT``), the one record per rank that says it (``record``),
+and the one watchdog thread per process that writes and reads it (``watch``).
 
-The loop's hooks and the checkpoint writer only set attributes (no I/O, no lock), and the detector's
-thread reads them; ranks run the same hooks in order, so the rank with the fewest beats is the one the
-others wait for.
+The loop's hooks and the checkpoint writer only set attributes (no I/O, no lock); the thread's jobs
+(the hang, peer and preemption watch of ``litlab.run.hangs``, the run lock's refresh of
+``litlab.storage.lock``) read them. Ranks run the same hooks in order, so the rank with the fewest
+beats is the one the others wait for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import socket
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from typing import IO, Any
+
+import psutil
+
+log = logging.getLogger("litlab")
 
 # The phases a stuck rank is named by.
 STARTING = "starting"  # from setup to the first batch: strategy setup, restoring a checkpoint
@@ -52,14 +62,13 @@ class Heartbeat:
 
     def wrote(self, nbytes: int) -> None:
         """Progress of a checkpoint write, in bytes: a large checkpoint is slow, not stuck."""
-        state = self.state
-        self.state = State(state.phase, state.step, state.beats, state.first, state.bytes_written + nbytes)
-        self.at = time.monotonic()
+        self.state, self.at = (
+            replace(self.state, bytes_written=self.state.bytes_written + nbytes),
+            time.monotonic(),
+        )
 
     def uploading(self, nbytes: int) -> None:
-        state = self.state
-        self.state = State(state.phase, state.step, state.beats, state.first, state.bytes_written, nbytes)
-        self.at = time.monotonic()
+        self.state, self.at = replace(self.state, upload_bytes=nbytes), time.monotonic()
 
     @contextlib.contextmanager
     def writing_checkpoint(self, step: int) -> Iterator[None]:
@@ -122,6 +131,79 @@ class CountingWriter:
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, tell, seek... of the wrapped file
         return getattr(self.file, name)
+
+
+def alive(pid: int, started: float | None = None) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not), and, with ``started``
+    (its start time), is still that process and not a later one that reused the pid."""
+    try:
+        process = psutil.Process(pid)
+        same = started is None or abs(process.create_time() - started) < 1.0
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def slurm_job_id() -> str | None:
+    """This process's Slurm job as squeue names it: ``<array job id>_<task id>`` for an array task,
+    else ``SLURM_JOB_ID`` (None outside Slurm)."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
+
+
+def record(**more: Any) -> dict[str, Any]:
+    """This rank's heartbeat record: who (host, pid, its start, Slurm job), where (``HEARTBEAT``'s
+    state, and in words) and when (``heartbeat``, POSIX time). The watchdog writes it into the run
+    folder (heartbeat-rank<N>.json) and the ranks' store, rank 0's run lock holds it too; the other
+    ranks, a second start and the pool read it there."""
+    state = HEARTBEAT.state
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_started": psutil.Process().create_time(),
+        "slurm_job": slurm_job_id(),
+        **asdict(state),
+        "where": describe(state),
+        "heartbeat": time.time(),
+        **more,
+    }
+
+
+_jobs: dict[str, tuple[float, Callable[[], None]]] = {}  # name -> (seconds between calls, job)
+_due: dict[str, float] = {}  # name -> when its job is called next
+_thread: threading.Thread | None = None
+_wake = threading.Event()  # a job added: the thread looks again at once
+
+
+def watch(name: str, every_s: float, job: Callable[[], None]) -> None:
+    """Call ``job`` about every ``every_s`` seconds in this process's one watchdog thread (started on
+    first use), until ``unwatch(name)``; a job of the same name is replaced."""
+    global _thread
+    _jobs[name], _due[name] = (every_s, job), time.monotonic() + every_s
+    _wake.set()
+    if _thread is None or not _thread.is_alive():
+        _thread = threading.Thread(target=_run, name="litlab-watchdog", daemon=True)
+        _thread.start()
+
+
+def unwatch(name: str, job: Callable[[], None] | None = None) -> None:
+    """No more calls of the job ``name`` (only if it is still ``job``, when given)."""
+    if job is None or _jobs.get(name, (0.0, None))[1] == job:
+        _jobs.pop(name, None)
+
+
+def _run() -> None:
+    while True:  # idle, not ended, without jobs: a job added as it would end would never run
+        _wake.wait(min((every_s for every_s, _ in list(_jobs.values())), default=1.0))
+        _wake.clear()
+        for name, (every_s, job) in list(_jobs.items()):
+            if name not in _jobs or time.monotonic() < _due.get(name, 0.0) - every_s * 0.1:
+                continue  # unwatched by the job before it, or not due
+            _due[name] = time.monotonic() + every_s
+            try:
+                job()
+            except Exception as error:  # a watchdog must never be what ends a healthy run
+                log.debug("watchdog: %s failed: %s", name, error, exc_info=True)
 
 
 def _size(nbytes: int) -> str:

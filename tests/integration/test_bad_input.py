@@ -76,6 +76,20 @@ CASES = {
     "unknown key in your group": Case(
         "litlab-train", ["model.net.hiden=3"], ["'model.net.hiden'", "project.vision.nets.CNN", "channels"]
     ),
+    # A sweep (-m): the single run's line, before any job starts, and no sweep folder.
+    "unknown key in a sweep": Case(
+        "litlab-train",
+        ["-m", "seed=1,2", "model.net.hiden=3"],
+        ["'model.net.hiden'", "project.vision.nets.CNN", "channels"],
+    ),
+    "bad value in a sweep": Case(
+        "litlab-train", ["-m", "seed=1,2", "optimized_metric=null"], ["'optimized_metric'", "not Optional"]
+    ),
+    "unknown key in every job of a sweep": Case(
+        "litlab-train",
+        ["-m", "precision=fp32,bf16", "trainer.max_epoch=1"],
+        ["'trainer.max_epoch'", "max_epochs"],
+    ),
     "unknown key added to your group": Case(
         "litlab-train", ["+optimizer.lrr=3"], ["'optimizer.lrr'", "torch.optim.AdamW", "lr"]
     ),

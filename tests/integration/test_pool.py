@@ -1,7 +1,8 @@
 """The default launcher's pool of devices, with real multiruns on the CPU (``hydra.launcher.devices=2``:
 two slots, scheduled as two GPUs would be). Every job is a process of its own; jobs that must run at
 the same time prove it by meeting at train start (``tests.faults.MeetAtTrainStart``), not by times.
-The scheduler's order and backfill are covered in-process by tests/unit/test_pool.py.
+The scheduler's order and backfill are covered in-process by tests/unit/test_pool.py, and a job larger
+than a pool of GPUs (a failed row, never started) by tests/unit/test_sweep_plan.py.
 """
 
 from __future__ import annotations
@@ -29,19 +30,23 @@ SEARCHPATH = f"hydra.searchpath=[file://{CASES}]"
 BASE = ["model=mlp", *TINY]
 
 
+def recorded_summaries(sweep_dir: Path) -> list[dict]:
+    """Each job's summary as the sweep's record holds it, with the pool's own record of the job in its
+    ``sweep`` (devices, start, end, beside, command): the pool never rewrites a run's summary.json."""
+    return [entry["summary"] for entry in sweep_record.read(sweep_dir)[0]]
+
+
 def summaries_by_case(sweep_dir: Path) -> dict[str, dict]:
-    runs = [json.loads((job / "summary.json").read_text()) for job in job_dirs(sweep_dir)]
-    return {run["groups"]["pool_case"]: run for run in runs}
+    return {run["groups"]["pool_case"]: run for run in recorded_summaries(sweep_dir)}
 
 
 def test_jobs_share_the_pool_largest_first_with_distinct_devices_and_the_cores_split(tmp_path):
-    """One multirun on a pool of 2: a 2-device DDP job (alone, both ids), a job too large for the
-    pool (a failed row, never started), then long and short_a at once on distinct ids, and short_b
-    on short_a's id once it ended, while long still ran."""
+    """One multirun on a pool of 2: a 2-device DDP job (alone, both ids), then long and short_a at
+    once on distinct ids, and short_b on short_a's id once it ended, while long still ran."""
     meeting = tmp_path / "meeting"
     meeting.mkdir()
     env = {**FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(tmp_path / "logs"), "LITLAB_TEST_MEET": f"{meeting}:0"}
-    cases = "ddp2,too_large,long,short_a,short_b"
+    cases = "ddp2,long,short_a,short_b"
     result = litlab(
         "litlab-train",
         "-m",
@@ -53,24 +58,18 @@ def test_jobs_share_the_pool_largest_first_with_distinct_devices_and_the_cores_s
         timeout=480,
     )
     output = result.stdout[-4000:] + result.stderr[-4000:]
-    assert result.returncode == 1, output  # the too-large job failed: the multirun says so
+    assert result.returncode == 0, output
     (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     runs = summaries_by_case(sweep_dir)
     assert set(runs) == set(cases.split(",")), output
-    ddp2, too_large, long, short_a, short_b = (runs[c] for c in cases.split(","))
+    ddp2, long, short_a, short_b = (runs[c] for c in cases.split(","))
     for run in (ddp2, long, short_a, short_b):
         assert run["status"] == "completed", (run["run_dir"], run["error"], output)
 
     # The 2-device job got both ids, ran alone (the largest first), its 2 ranks in one group.
     assert ddp2["sweep"]["devices"] == ["0", "1"] and ddp2["sweep"]["beside"] == []
     assert ranks_that_joined(Path(ddp2["run_dir"])) == ["0 1/2", "1 2/2"]
-    # The job larger than the pool: one failed row with one line, never started.
-    assert too_large["status"] == "failed" and too_large["sweep"]["devices"] == []
-    assert too_large["error"] == (
-        "the job needs 3 devices (trainer.devices=3) and the pool has 2 (0,1): set hydra.launcher.devices"
-    )
-    assert not (Path(too_large["run_dir"]) / "output.log").exists()
-    assert [r["status"] for r in report_rows(sweep_dir)].count("failed") == 1
+    assert [r["status"] for r in report_rows(sweep_dir)].count("failed") == 0
 
     # long and short_a met (so they ran at the same time) on distinct ids; short_b reached the
     # meeting long was still waiting at, on the id short_a had given back.
@@ -101,7 +100,25 @@ def test_jobs_share_the_pool_largest_first_with_distinct_devices_and_the_cores_s
         assert run["sweep"]["command"] in command and "-m litlab.cli.train" in command
         assert "hydra.mode=RUN" in command and " -m " not in command.split("litlab.cli.train", 1)[1]
         assert "[litlab][INFO] run " in (job_dir / "output.log").read_text()
+        # The run's own summary.json names its sweep and job; the pool's record is the sweep's.
+        own = json.loads((job_dir / "summary.json").read_text())["sweep"]
+        assert own == {"dir": str(sweep_dir), "job_num": run["sweep"]["job_num"]}
     assert ddp2["sweep"]["start"] < ddp2["sweep"]["end"] <= long["sweep"]["start"]
+
+
+def test_without_gpus_a_ddp_job_larger_than_the_pool_runs_alone_on_it_with_no_launcher_flag(tmp_path):
+    """``-m trainer.devices=1,2 strategy=ddp`` on a machine without GPUs: the default pool has one
+    slot, and the 2-process job runs alone on it (it used to be a failed row: "set
+    hydra.launcher.devices")."""
+    env = {"LITLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1"}
+    result = litlab("litlab-train", "-m", "trainer.devices=1,2", "strategy=ddp", *BASE, env=env, timeout=480)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    one, two = recorded_summaries(sweep_dir)
+    assert one["status"] == two["status"] == "completed" and two["world_size"] == 2
+    assert one["sweep"]["devices"] == two["sweep"]["devices"] == ["0"]
+    assert one["sweep"]["beside"] == two["sweep"]["beside"] == []
+    assert ranks_that_joined(Path(two["run_dir"])) == ["0 1/2", "1 2/2"]
 
 
 def held_jobs(sweep_root: Path) -> int:

@@ -27,7 +27,9 @@ SEARCH = [
     *[t for t in TINY if not t.startswith("trainer.max_epochs")],
     "trainer.max_epochs=2",
     "hydra.sweeper.sampler.name=random",
-    "hydra.sweeper.heartbeat_interval=1",  # a dead sweep's trial is stale 2 s after its last heartbeat
+    # A dead sweep's trial is stale 4 s after its last heartbeat (two heartbeats plus storage_outage_s).
+    "hydra.sweeper.heartbeat_interval=1",
+    "hydra.sweeper.storage_outage_s=2",
     "hydra.launcher.devices=1",
 ]
 # A learning rate of 1e-7 cannot learn in 2 epochs: the median pruner stops it after its first. (A

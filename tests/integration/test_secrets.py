@@ -32,6 +32,7 @@ pytest.importorskip("flask_wtf")  # mlflow's basic-auth app needs it
 PASSWORD = "Mlflow-Pw-4c1d9e7b"  # the server's admin password (its auth app wants 12 characters or more)
 TOKEN = "Svc-Token-7a52b0e3"  # the data's service token
 SECRETS = (PASSWORD.encode(), TOKEN.encode())
+CSV_PASSWORD = "Csv-Pw-61f0d2c8"  # typed on a -m line, in a URL
 
 DATA_FROM_A_SERVICE = [
     "data._target_=tests.faults.DigitsFromAService",
@@ -86,7 +87,7 @@ def credentials_env(url: str) -> dict[str, str]:
     }
 
 
-def files_holding_a_secret(*folders: Path) -> list[str]:
+def files_holding_a_secret(*folders: Path, secrets: tuple[bytes, ...] = SECRETS) -> list[str]:
     """Every file under the folders (links not followed: what they point to is searched where it lies)
     that holds a secret's bytes."""
     found = []
@@ -96,15 +97,17 @@ def files_holding_a_secret(*folders: Path) -> list[str]:
                 path = Path(root) / name
                 if path.is_file() and not path.is_symlink():
                     data = path.read_bytes()
-                    found += [f"{path}: {s.decode()}" for s in SECRETS if s in data]
+                    found += [f"{path}: {s.decode()}" for s in secrets if s in data]
     return found
 
 
-def outputs_holding_a_secret(*results: subprocess.CompletedProcess) -> list[str]:
+def outputs_holding_a_secret(
+    *results: subprocess.CompletedProcess, secrets: tuple[bytes, ...] = SECRETS
+) -> list[str]:
     return [
         f"{' '.join(r.args[1:3])}: {s.decode()}"
         for r in results
-        for s in SECRETS
+        for s in secrets
         if s.decode() in r.stdout + r.stderr
     ]
 
@@ -214,3 +217,43 @@ def test_a_search_writes_logs_and_stores_no_credential_and_its_trial_authenticat
     older.parent.mkdir()
     torch.save(state, older)
     ok(litlab("litlab-eval", f"ckpt_path={older}", env=env))
+
+
+@pytest.mark.slow
+def test_a_password_typed_on_a_multirun_line_reaches_no_file_and_its_jobs_still_authenticate(
+    log_dir, auth_server, monkeypatch
+):
+    """``-m seed=1,2`` with URLs' user-info typed on the line: MLflow's tracking URI (with the server's
+    admin password) and a CSV logger's metric prefix. A sweep writes its overrides as Hydra escapes
+    them (``http\\://admin\\:<password>@host``: multirun.yaml, each job's .hydra/, command.sh and
+    summary.json). Every byte under the sweep folder, the run folders, storage and the MLflow server's
+    store is searched for both passwords, and each job still authenticated with the typed one."""
+    url, server_folder = auth_server
+    typed = (PASSWORD.encode(), CSV_PASSWORD.encode())
+    swept = ok(
+        litlab(
+            "litlab-train",
+            "-m",
+            "seed=1,2",
+            "logger=[csv,mlflow]",
+            "experiment_name=typed",
+            "logger.mlflow.tracking_uri=" + url.replace("http://", f"http://admin:{PASSWORD}@"),
+            f"+logger.csv.prefix=http://alice:{CSV_PASSWORD}@example.com/",
+            *[t for t in TINY if not t.startswith("logger=")],
+            env={"OMP_NUM_THREADS": "1"},
+        )
+    )
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    assert (sweep / "multirun.yaml").is_file()
+    for job in (sweep / "0", sweep / "1"):  # links to the runs' folders, searched where they lie
+        assert json.loads((job / "summary.json").read_text())["status"] == "completed"
+        assert {"command.sh", ".hydra", "csv"} <= {p.name for p in job.iterdir()}
+        header = (job / "csv" / "metrics.csv").read_text().splitlines()[0]
+        assert "http://***@example.com/-" in header  # the prefix, as the run used it, less its password
+    assert list(log_dir.glob("train/runs/*/checkpoints/last.ckpt"))  # storage: under log_dir here
+    assert files_holding_a_secret(log_dir, server_folder, secrets=typed) == []
+    assert outputs_holding_a_secret(swept, secrets=typed) == []
+    # Each job authenticated: its MLflow run is on the server, which refuses requests without the password.
+    logged = mlflow_runs(url, "typed", monkeypatch)
+    assert sorted(run.data.tags["sweep_job"] for run in logged) == ["0", "1"]
+    assert all(run.info.status == "FINISHED" for run in logged)

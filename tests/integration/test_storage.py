@@ -181,7 +181,7 @@ def test_checkpoints_are_listed_newest_first_and_temporaries_removed(tmp_path):
 
 
 def test_s3_the_folder_of_a_code_version_is_found_among_its_siblings(s3_server, monkeypatch):
-    """litlab.storage.resume.folder_for_code lists the identity's later versions on S3 as on disk:
+    """litlab.storage.resume.find lists the identity's later versions on S3 as on disk:
     after a code change, an unfinished later version is continued, else this code's own folder."""
     import json
 
@@ -196,9 +196,9 @@ def test_s3_the_folder_of_a_code_version_is_found_among_its_siblings(s3_server, 
     base = RunStorage(root, "default-0123456789", options)
     resume.record_start(base, resume.Decision(code=code["a"]), Path("run-dir"))
     base.write_text("summary.json", json.dumps({"status": "completed"}))
-    assert resume.folder_for_code(base, code["a"]).identity == base.identity
-    assert resume.folder_for_code(base, code["b"]).identity == "default-0123456789-bbbbbbbb"
+    assert resume.find("auto", base, code["a"]).folder.identity == base.identity
+    assert resume.find("auto", base, code["b"]).folder.identity == "default-0123456789-bbbbbbbb"
     later = RunStorage(root, "default-0123456789-bbbbbbbb", options)
     resume.record_start(later, resume.Decision(code=code["b"]), Path("run-dir"))  # then killed
-    assert resume.folder_for_code(base, code["c"]).identity == later.identity
-    assert resume.folder_for_code(base, code["c"], continue_unfinished=False).identity.endswith("-cccccccc")
+    assert resume.find("auto", base, code["c"]).folder.identity == later.identity
+    assert resume.find("never", base, code["c"]).folder.identity.endswith("-cccccccc")

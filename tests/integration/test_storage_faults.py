@@ -162,7 +162,8 @@ def test_a_second_copy_of_a_running_command_refuses_naming_the_holder(log_dir):
         host = socket.gethostname()
         assert re.fullmatch(
             rf"litlab: error: run default-\w+ is already running: {log_dir}/train/runs/default-\w+\.lock is "
-            rf"held by pid {first.pid} on {re.escape(host)} since \S+ \(last heartbeat \d+ s ago\); "
+            rf"held by pid {first.pid} on {re.escape(host)} since \S+ \(last heartbeat \d+ s ago\)"
+            r"(, in [^;]+)?; "  # where the holder is, from its heartbeat record
             r".*run_name.*",
             line,
         ), line

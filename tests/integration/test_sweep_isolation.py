@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from litlab.run import sweep_record
 from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ranks_that_joined, start_litlab
 from tests.integration.test_sweeps import rank_lines, report_rows
 
@@ -131,6 +132,7 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
             strict=True,
         )
     )
+    recorded = {entry["job_num"]: entry["summary"]["sweep"] for entry in sweep_record.read(sweep_dir)[0]}
     for job, (precision, devices) in zip(jobs, grid, strict=True):
         label = f"precision={precision} trainer.devices={devices}"
         assert job.summary["status"] == "completed", label
@@ -141,7 +143,8 @@ def test_readme_device_count_sweep_runs_every_job_with_its_own_world(tmp_path):
         started = rank_lines(job.run_dir)
         assert sorted(rank for rank, _ in started) == list(range(devices)), started
         assert {identity for _, identity in started} == {job.summary["run_name"]}, started
-        sweep = job.summary["sweep"]
+        # The pool's record of the job (devices, beside) is in the sweep's record, not in summary.json.
+        sweep = recorded[int(job.run_dir.name)]
         assert (sweep["dir"], sweep["job_num"]) == (str(sweep_dir), int(job.run_dir.name)), label
         assert len(sweep["devices"]) == devices, label
         # Largest first: the 2-device jobs alone, then both 1-device jobs at once.

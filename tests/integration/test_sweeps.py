@@ -147,27 +147,27 @@ def test_grid_sweep_report_matches_the_runs_own_numbers(grid_sweep):
 
 @pytest.mark.slow
 def test_failing_job_becomes_a_failed_row_and_the_multirun_exits_nonzero(tmp_path):
-    # Job 0 cannot split a global batch of 96 into accumulation 5; job 1 still runs (micro-batch 48).
+    # Job 0's network fails in its first training step (tests.faults); job 1, the plain MLP, still runs.
+    # A value a single run would refuse stops the sweep before any job instead (test_sweep_plan.py).
     # `-m` typed in the middle of the command, not first as Hydra wants it: still a multirun.
     result, sweep_dir = sweep(
         tmp_path,
-        "global_batch_size=96",
+        "trainer.accumulate_grad_batches=2",
         "-m",
-        "trainer.accumulate_grad_batches=5,2",
+        "model.net._target_=tests.faults.MLPFailingOnOneRank,project.vision.nets.MLP",
         *SWEEP_TINY,
         expect_ok=False,
+        env={**FAULTS_IMPORTABLE, "LITLAB_TEST_FAULT": "raise@0:1"},
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    # A run folder for the job that ran (linked from the sweep's folder), none for the refused one.
-    (run,) = (sweep_dir.parents[1] / "runs").iterdir()
-    assert [p.resolve() for p in job_dirs(sweep_dir)] == [job_dirs(sweep_dir)[0], run]
+    # Each job's folder is its run's, linked from the sweep's folder.
+    runs = sorted((sweep_dir.parents[1] / "runs").iterdir())
+    assert sorted(p.resolve() for p in job_dirs(sweep_dir)) == runs
     failed, completed = summaries(sweep_dir)
     assert failed["status"] == "failed"
-    assert "global_batch_size=96" in failed["error"] and "5" in failed["error"]
-    # Found by the sweep before the job's process would start: none did.
-    assert not (job_dirs(sweep_dir)[0] / "output.log").exists()
+    assert "injected failure on rank 0" in failed["error"]
     assert completed["status"] == "completed"
-    assert (completed["micro_batch_size"], completed["effective_batch_size"]) == (48, 96)
+    assert completed["effective_batch_size"] == 2 * completed["micro_batch_size"]
 
     rows = report_rows(sweep_dir)
     assert [r["status"] for r in rows] == ["failed", "completed"]

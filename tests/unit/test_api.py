@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,18 @@ def test_the_callers_logging_is_back_after_the_run(tmp_path, caplog):
     logging.getLogger("litlab").warning("after the run")  # a notebook's own logging goes on
     assert "after the run" in caplog.text
     assert "after the run" not in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_password_typed_for_a_single_run_reaches_no_file_and_the_run_uses_it(tmp_path):
+    before = set(os.environ)
+    prefix = "http://alice:Pw0rdX@example.com/"
+    try:
+        summary = litlab.train(overrides(tmp_path, "run", "logger=csv", f"+logger.csv.prefix={prefix}"))
+        assert summary["status"] == "completed"
+        written = [p for p in tmp_path.rglob("*") if p.is_file() and b"Pw0rdX" in p.read_bytes()]
+        assert written == [], "a typed password reached these files"
+        # The run trained with the value: it came through the environment, not through a file.
+        assert "alice:Pw0rdX" in os.environ.values()  # the user-info alone
+    finally:
+        for name in set(os.environ) - before:  # the variables it set end with the test
+            del os.environ[name]

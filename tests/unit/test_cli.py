@@ -155,3 +155,21 @@ def test_the_model_summary_shows_counted_flops_or_no_flops_column(caplog):
     uncounted = printed(TinyNet(with_example_input=False))
     assert "FLOPs" not in uncounted and "Flops" not in uncounted
     assert uncounted.splitlines()[-1].endswith("Modules in eval mode")
+
+
+@pytest.mark.parametrize("typo", ["model.net.hiden=3", "optimized_metric=null"])
+def test_a_sweep_whose_key_or_value_does_not_compose_ends_in_the_single_runs_one_line(typo, capsys):
+    """``-m seed=1,2 model.net.hiden=3`` used to print Hydra's "Could not override" block and exit 1:
+    Hydra composes a sweep's base config before any sweeper runs. The preflight composes it first."""
+    from litlab.cli import preflight
+
+    def refused(args: list[str]) -> str:
+        with pytest.raises(SystemExit) as exited:
+            preflight.check_or_exit("train", args)
+        assert exited.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        return line
+
+    single = refused(["seed=1", typo])
+    assert single.startswith("litlab: error: ") and f"'{typo.split('=')[0]}'" in single
+    assert refused(["-m", "seed=1,2", typo]) == single

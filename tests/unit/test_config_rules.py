@@ -203,6 +203,16 @@ def test_a_missing_value_is_named(cfg):
         rules.check(cfg)
 
 
+def test_a_mounted_storage_without_its_root_names_the_missing_key(tmp_path):
+    # It used to say "storage root ??? does not exist: mount the drive there first".
+    from litlab.cli.preflight import check_storage_and_resume
+    from litlab.storage.roots import StorageError
+
+    cfg = compose_train(["storage=mounted"], tmp_path)
+    with pytest.raises(StorageError, match=r"^storage=mounted needs storage.root, e.g. storage.root=/mnt/"):
+        check_storage_and_resume(cfg)
+
+
 def test_a_missing_value_in_a_list_is_named_by_its_index(cfg):
     with open_dict(cfg):
         cfg.data.augment = [{"_target_": "x", "degrees": "???"}]
@@ -340,10 +350,10 @@ def test_a_run_name_is_the_identity():
 def test_an_accumulation_typed_as_text_is_refused_never_multiplied(cfg):
     """``trainer.accumulate_grad_batches=02`` in a sweep is the string "02": a failed row's effective
     batch was 64 x "02", the string repeated."""
-    from litlab.run.summary import FAILED, Summary
+    from litlab.run.summary import Summary
 
     cfg.trainer.accumulate_grad_batches = "02"
     with pytest.raises(ConfigError, match=r"^trainer.accumulate_grad_batches=02 is not allowed"):
         rules.batch_sizes(cfg.data, cfg.trainer)
-    summary = Summary.of_config(cfg, FAILED, "refused", run_dir=None, choices={}, overrides=[])
+    summary = Summary.failed(cfg, "refused", run_dir=None, hydra=None)
     assert summary.effective_batch_size is None and summary.accumulate_grad_batches == "02"

@@ -16,6 +16,7 @@ import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from omegaconf import OmegaConf
@@ -221,3 +222,28 @@ def test_a_file_of_an_engine_group_in_the_forks_configs_overrides_or_adds_an_opt
         assert (gpu.accelerator, gpu.benchmark, gpu.max_epochs) == ("gpu", True, 99)
         mine = compose("fork", overrides=["trainer=mine"]).trainer
         assert (mine.accelerator, mine.max_epochs) == ("gpu", 5)
+
+
+def test_the_engines_settings_default_in_the_engine_and_the_forks_train_yaml_or_command_line_wins(
+    tmp_path, monkeypatch
+):
+    # configs/train.yaml reads as the fork's sentence: the engine's own keys (hang_timeout, tune, ...)
+    # have their defaults in the engine's config, which train.yaml names first in its defaults list.
+    engine = OmegaConf.load(ENGINE_CONFIG_DIR / "litlab_train.yaml")
+    engine_keys = set(engine) - {"defaults"}
+    assert {"hang_timeout", "preempt_grace", "tune", "on_nonfinite", "resume"} <= engine_keys
+    assert not engine_keys & set(OmegaConf.load(REPO / "configs" / "train.yaml"))
+    monkeypatch.setenv("LITLAB_LOG_DIR", str(tmp_path))
+    cfg = compose_train([], tmp_path)
+    assert all(cfg[key] == engine[key] for key in engine_keys)
+    assert compose_train(["hang_timeout=5", "tune.mode=binsearch"], tmp_path).tune.mode == "binsearch"
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "train.yaml").write_text("defaults:\n  - litlab_train\n  - _self_\nhang_timeout: 7\n")
+    with initialize_config_dir(config_dir=str(fork), version_base="1.3"):
+        assert compose("train").hang_timeout == 7
+        assert compose("train", overrides=["hang_timeout=5"]).hang_timeout == 5
+        assert compose("train").tune.mode == engine.tune.mode
+        # The engine's file brings the schema along: a typo fails as it does with configs/train.yaml.
+        with pytest.raises(ConfigCompositionException, match="hang_timout"):
+            compose("train", overrides=["hang_timout=5"])

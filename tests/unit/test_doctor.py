@@ -88,6 +88,8 @@ def test_a_learning_rate_of_1e_7_is_found_underfitting(tmp_path):
 
 
 def test_a_slow_train_loader_is_found_input_bound(tmp_path):
+    # docs/troubleshooting.md runs it as `python -m litlab.cli.train` from the repository's root,
+    # where Python imports tests.faults; here the same overrides train in-process.
     summary = train_in_process(
         tmp_path,
         *QUIET,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
-import pytest
 from hydra.types import RunMode
 
 from tests.conftest import compose_train
@@ -41,46 +39,6 @@ def test_the_default_launcher_is_the_device_pool(tmp_path):
     assert grid.hydra.launcher.devices is None and grid.hydra.launcher.jobs_per_device == 1
     solo = compose_train(["sweep=precision_accumulation", "hydra.launcher.devices=1"], tmp_path)
     assert solo.hydra.launcher.devices == 1
-
-
-# What a one-device DDP job leaves in os.environ (Lightning sets these and never removes them).
-DDP_LEFTOVERS = {"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-
-
-@pytest.mark.parametrize(
-    "start_env,expected",
-    [
-        ({}, False),
-        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train"}, True),  # srun started the ranks
-        ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, False),  # an interactive allocation
-        ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, True),  # torchrun
-        ({"SUBMITIT_LOCAL_NTASKS": "2"}, True),  # submitit's local executor
-        ({"LSB_JOBID": "1", "LSB_DJOB_RANKFILE": "f", "JSM_NAMESPACE_LOCAL_RANK": "0"}, True),  # LSF
-    ],
-)
-def test_who_started_the_ranks_is_decided_from_the_environment_the_process_started_with(
-    start_env, expected, monkeypatch
-):
-    from litlab.launch import ranks as launch
-
-    started_with = dict(os.environ)
-    monkeypatch.setattr(launch, "PROCESS_START_ENV", {**started_with, **start_env})
-    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "LSB_JOBID"):
-        if name not in start_env:
-            launch.PROCESS_START_ENV.pop(name, None)
-    # An earlier job of this process left DDP's variables behind: the answer must not change.
-    for name, value in DDP_LEFTOVERS.items():
-        monkeypatch.setenv(name, value)
-    assert launch.cluster_started_ranks() is expected
-    assert "LOCAL_RANK" in os.environ  # what the decision ignored
-
-
-def test_the_start_environment_is_a_copy_that_later_changes_do_not_reach(monkeypatch):
-    from litlab.launch import ranks as launch
-
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    assert launch.PROCESS_START_ENV is not os.environ
-    assert "LOCAL_RANK" not in launch.PROCESS_START_ENV  # pytest was not started as a rank
 
 
 def test_multiruns_started_in_the_same_second_get_different_directories_listed_in_start_order(

@@ -100,3 +100,26 @@ def test_the_holder_of_a_reused_pid_is_another_process(storage):
     assert (
         Holder(**json.loads(Path(lock_url(storage)).read_text())).stale_because() == "its process 1 is gone"
     )
+
+
+def test_an_array_task_names_itself_one_way_in_its_lock_and_its_requeue(storage, monkeypatch):
+    # Slurm gives an array task a job id of its own; squeue and scontrol name it <array job>_<task>.
+    monkeypatch.setenv("SLURM_JOB_ID", "1043")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "1040")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    from litlab.run import failures
+
+    requeued = []
+    monkeypatch.setattr(
+        failures.subprocess,
+        "run",
+        lambda command, **_: requeued.append(command) or subprocess.CompletedProcess(command, 0),
+    )
+    failures._requeue_this_job()
+    lock = RunLock(storage)
+    lock.acquire()
+    try:
+        assert json.loads(Path(lock_url(storage)).read_text())["slurm_job"] == "1040_3"
+        assert requeued == [["scontrol", "requeue", "1040_3"]]
+    finally:
+        lock.release()

@@ -10,10 +10,12 @@ import lightning as L
 import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger, Logger
+from omegaconf import OmegaConf
 
 from litlab.cli.api import train_run
 from litlab.errors import LitlabError
 from litlab.run.build import build_loggers
+from litlab.run.loggers import credential_arguments
 from tests.conftest import TINY, compose_train
 
 
@@ -103,3 +105,10 @@ def test_every_configured_logger_gets_the_hyperparameters_redacted_and_the_modul
     assert isinstance(copy, RecordingLogger) and copy.hyperparameters == [redacted]
     copy.log_hyperparams(module.hparams)
     assert copy.hyperparameters[-1] == redacted
+
+
+def test_a_metric_prefix_is_written_without_a_urls_user_info():
+    """Every logger writes its ``prefix`` into each metric's name (metrics.csv's header)."""
+    csv = OmegaConf.create({"_target_": "lightning.pytorch.loggers.CSVLogger", "prefix": "http://a:pw@h/"})
+    assert credential_arguments(csv) == {"prefix": "http://***@h/"}
+    assert credential_arguments(OmegaConf.create({"_target_": "x.CSVLogger", "prefix": "run-"})) == {}

@@ -1,12 +1,36 @@
 """The default launcher's pool and schedule (``litlab.launch.pool``), in-process: which ids a pool
 has, which job starts when and on which ids, and each job's CPU share. The same scheduler runs real
-processes in tests/integration/test_pool.py."""
+processes in tests/integration/test_pool.py; ``simulate`` runs it on paper."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from litlab.launch.pool import DeviceSchedule, Pending, cpu_share, pool_ids, simulate
+from litlab.launch.pool import DeviceSchedule, Pending, Taken, cpu_share, pool_ids
+
+
+def simulate(needs: Sequence[int], lengths: Sequence[float], schedule: DeviceSchedule) -> list[dict]:
+    """Run the schedule on paper: jobs of known ``needs`` and ``lengths`` (seconds), all queued at
+    time 0, as the launcher queues a grid. Each job's start, end and ids, in job order; a job that
+    never fits gets None."""
+    queue = [Pending(i, n) for i, n in enumerate(needs) if schedule.fits_ever(n)]
+    result: list[dict | None] = [None] * len(needs)
+    running: list[tuple[float, int, Taken]] = []
+    now = 0.0
+    while queue or running:
+        while (job := schedule.next_to_start(queue)) is not None:
+            queue.remove(job)
+            taken = schedule.take(job.need)
+            running.append((now + lengths[job.index], job.index, taken))
+            result[job.index] = {"start": now, "ids": taken.ids, "cores": taken.cores}
+        running.sort(key=lambda r: r[:2])
+        end, index, taken = running.pop(0)
+        now = end
+        schedule.give_back(taken)
+        result[index]["end"] = end
+    return result
 
 
 @pytest.mark.parametrize(
@@ -150,3 +174,25 @@ def test_a_job_waits_while_another_job_of_its_run_identity_runs():
     assert [p.index for p in launcher._startable(queue)] == [2]
     launcher._running = {}
     assert [p.index for p in launcher._startable(queue)] == [1, 2]
+
+
+def test_without_gpus_a_job_larger_than_the_pool_runs_alone_on_the_whole_pool():
+    # trainer.devices=2 strategy=ddp on a laptop: two processes, not two GPUs to share. The pool of
+    # one slot runs the job alone, after the others (the largest first: here, at once).
+    assert not DeviceSchedule(["0"]).fits_ever(2)  # on GPUs: never, a failed row as before
+    schedule = DeviceSchedule(["0"], cores=[0, 1], gpus=False)
+    assert schedule.fits_ever(2)
+    plan = simulate([1, 2, 1], [5, 5, 5], schedule)
+    assert starts(plan) == [5, 0, 10]
+    assert plan[1]["ids"] == ["0"] and plan[1]["cores"] == [0, 1]
+    # While any slot holds a job it waits; then it holds every slot of every id, and all the cores.
+    schedule = DeviceSchedule(["0", "1"], jobs_per_device=2, cores=range(4), gpus=False)
+    small = schedule.take(1)
+    assert schedule.next_to_start([Pending(0, 3)]) is None
+    schedule.give_back(small)
+    assert schedule.next_to_start([Pending(1, 1), Pending(0, 3)]).index == 0
+    whole = schedule.take(3)
+    assert whole.ids == ["0", "1"] and len(whole.slots) == 4 and whole.cores == [0, 1, 2, 3]
+    assert not schedule.has_free_slot()
+    schedule.give_back(whole)
+    assert schedule.free_ids() == ["0", "1"]

@@ -8,6 +8,8 @@ import json
 import os
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from lightning.pytorch.utilities.parsing import AttributeDict
 from omegaconf import OmegaConf
 
@@ -15,6 +17,7 @@ from litlab.config.redact import (
     REDACTED,
     Redaction,
     is_credential_key,
+    move_typed_secrets,
     redact,
     redact_command,
     redact_hydra_record,
@@ -24,6 +27,7 @@ from litlab.config.redact import (
     typed_overrides,
     unresolvable,
     url_without_userinfo,
+    walk,
 )
 from litlab.run.loggers import credential_arguments
 from litlab.run.summary import Summary
@@ -315,3 +319,77 @@ def test_a_credential_typed_on_the_command_line_is_redacted_in_hydras_record(tmp
     assert list(recorded.overrides.task) == written and recorded.job.override_dirname == ",".join(written)
     # Nothing to redact: no file is rewritten.
     assert redact_hydra_record(tmp_path) == []
+
+
+def test_overrides_as_hydra_escapes_them_are_redacted_too():
+    """Hydra writes a sweep job's overrides escaped (.hydra/, multirun.yaml, child commands):
+    ``http://alice:pw@h`` is ``http\\://alice\\:pw@h`` there, and a plain URL rule misses it."""
+    escaped = [
+        r"+logger.csv.prefix=http\://alice\:pw@example.com/",
+        r"logger.mlflow.tracking_uri=http\://alice\:pw@h\:5000",
+        r"+data.api_key=a\,b",  # one value with an escaped comma
+        "seed=1",
+    ]
+    assert redact_overrides(escaped) == [
+        r"+logger.csv.prefix=http\://***@example.com/",
+        r"logger.mlflow.tracking_uri=http\://***@h\:5000",
+        "+data.api_key=***",
+        "seed=1",
+    ]
+    assert redact_text(r"http\://alice\:pw@h") == r"http\://***@h"
+    for named in ("http://${oc.env:NAME}@h", r"http\://$\{oc.env\:NAME\}@h"):  # names its variable: kept
+        assert redact_text(named) == named
+    # Hydra's comma-joined override_dirname, a swept credential's every value, and a sweep of URLs.
+    assert walk({"override_dirname": r"+x.password=a,b,seed=1,u=http\://a\:pw@h"}) == {
+        "override_dirname": r"+x.password=***,***,seed=1,u=http\://***@h"
+    }
+    assert walk(["u=http://a:pw@h,http://b:pw2@h"]) == ["u=http://***@h,http://***@h"]
+    assert redact_command(["python", r"+x.prefix=http\://a\:pw@h"]) == ["python", r"+x.prefix=http\://***@h"]
+
+
+def test_a_credential_typed_on_the_command_line_reaches_the_run_through_the_environment(
+    tmp_path, monkeypatch
+):
+    """``CommandLineSecrets`` (a Hydra callback): the overrides and the composed config read a typed
+    credential back from a variable of this process's environment, which every job inherits; the
+    run resolves the value it was given, and nothing written holds it."""
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the variables it sets end with the test
+    typed = [
+        "logger=[csv,mlflow]",
+        "+logger.csv.prefix=http://alice:pw-1@example.com/",
+        r"logger.mlflow.tracking_uri=http\://bob\:pw-2@h\:5000",  # as a sweep's job gets it: escaped
+        "+data.api_key=pw-3",
+        "+data.token=${oc.env:HOME}",  # from the environment already: as it is
+    ]
+    cfg = compose_train(typed, tmp_path)
+    assert move_typed_secrets(cfg) == {
+        "alice:pw-1": "LITLAB_SECRET_LOGGER_CSV_PREFIX",
+        "bob:pw-2": "LITLAB_SECRET_LOGGER_MLFLOW_TRACKING_URI",
+        "pw-3": "LITLAB_SECRET_DATA_API_KEY",
+    }
+    assert os.environ["LITLAB_SECRET_LOGGER_MLFLOW_TRACKING_URI"] == "bob:pw-2"
+    assert list(typed_overrides(cfg.hydra.overrides.task)) == [
+        "logger=[csv,mlflow]",
+        "+logger.csv.prefix=http://${oc.env:LITLAB_SECRET_LOGGER_CSV_PREFIX}@example.com/",
+        r"logger.mlflow.tracking_uri=http\://${oc.env:LITLAB_SECRET_LOGGER_MLFLOW_TRACKING_URI}@h\:5000",
+        "+data.api_key=${oc.env:LITLAB_SECRET_DATA_API_KEY}",
+        "+data.token=${oc.env:HOME}",
+    ]
+    assert list(HydraConfig.get().overrides.task) == list(cfg.hydra.overrides.task)  # where jobs read them
+    written = OmegaConf.to_yaml(cfg)  # unresolved, as Hydra writes multirun.yaml and .hydra/
+    assert not any(secret in written for secret in ("pw-1", "pw-2", "pw-3"))
+    # The run uses the values it was given ...
+    assert cfg.logger.csv.prefix == "http://alice:pw-1@example.com/"
+    assert cfg.logger.mlflow.tracking_uri == "http://bob:pw-2@h:5000"
+    assert cfg.data.api_key == "pw-3"
+    # ... and a job composed from the overrides, as the sweep escapes them, does too.
+    parsed = OverridesParser.create().parse_overrides(typed_overrides(cfg.hydra.overrides.task))
+    job = compose_train([f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed], tmp_path)
+    escaped = OmegaConf.to_container(job.hydra.overrides.task)[1]
+    assert escaped.startswith(r"+logger.csv.prefix=http\://$\{oc.env\:")  # as a sweep's job gets it
+    assert job.logger.csv.prefix == "http://alice:pw-1@example.com/" and job.data.api_key == "pw-3"
+    assert move_typed_secrets(job) == {}  # nothing left to move: the same variables serve every job
+    # Moving again, from another value under the same key, takes another variable.
+    again = compose_train(["+data.api_key=pw-4"], tmp_path)
+    assert move_typed_secrets(again) == {"pw-4": "LITLAB_SECRET_DATA_API_KEY_2"}
+    assert again.data.api_key == "pw-4" and cfg.data.api_key == "pw-3"

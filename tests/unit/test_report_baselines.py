@@ -294,9 +294,8 @@ def test_a_row_gets_the_seconds_until_it_reached_its_baselines_final_metric():
     ]
     row = row_of(build_report(runs), "b")
     assert row["seconds_to_baseline"] == 6.0
-    assert row["curve"] == [
-        {"wall_s": 3.0, "samples": None, "value": 0.6},
-        {"wall_s": 6.0, "samples": None, "value": 0.95},
+    assert row["curves"] == [  # the row's one run's
+        [{"wall_s": 3.0, "samples": None, "value": 0.6}, {"wall_s": 6.0, "samples": None, "value": 0.95}]
     ]
 
 

@@ -1,5 +1,6 @@
 """The resume decision (``litlab.storage.resume``) on a local storage root with real checkpoint files:
-which checkpoint a start continues from, when it starts fresh, and what it hands the other ranks."""
+which checkpoint a start continues from, when it starts fresh, and that every rank reaches rank 0's
+decision on its own."""
 
 from __future__ import annotations
 
@@ -23,12 +24,6 @@ def storage(tmp_path) -> RunStorage:
     storage = RunStorage(str(tmp_path / "root"), "default-0123456789")
     storage.prepare()
     return storage
-
-
-@pytest.fixture(autouse=True)
-def no_inherited_decision(monkeypatch):
-    """Each test is a fresh start: no decision left in the environment by an earlier rank 0."""
-    monkeypatch.delenv(resume.DECISION_ENV, raising=False)
 
 
 def save_checkpoint(storage: RunStorage, name: str, step: int, epoch: int = 0, age_s: float = 0) -> str:
@@ -97,7 +92,7 @@ def test_a_rank_that_does_not_act_moves_nothing(storage):
     (Path(storage.path) / "checkpoints" / "last.ckpt").write_bytes(b"not a zip")
     leftover = Path(storage.path) / "checkpoints" / ".last.ckpt.abc.tmp"
     leftover.write_bytes(b"half")
-    assert resume._decide("auto", storage, act=False) == Decision()
+    assert resume.decide("auto", storage, is_global_zero=False) == Decision()
     assert leftover.exists() and (Path(storage.path) / "checkpoints" / "last.ckpt").exists()
 
 
@@ -200,46 +195,54 @@ def test_an_unreadable_run_json_counts_as_none(storage, text):
     assert decision.resumed_count == 1 and decision.tensorboard_dir is None
 
 
-def test_other_ranks_take_rank_zeros_decision_from_the_environment(storage):
-    url = save_checkpoint(storage, "last.ckpt", step=4)
+def test_other_ranks_reach_rank_zeros_decision_after_rank_zero_acted(storage, tmp_path):
+    # torchrun and Slurm start every rank at once; Lightning starts ranks 1.. once rank 0 prepared
+    # the run. Each decides for itself: what rank 0 changes never changes the answer.
+    url = save_checkpoint(storage, "last.ckpt", step=4, age_s=10)
+    (Path(storage.path) / "checkpoints" / "newer.ckpt").write_bytes(b"not a zip")  # skipped by all
+    (Path(storage.path) / "checkpoints" / ".last.ckpt.abc.tmp").write_bytes(b"half")
     storage.write_text("run.json", json.dumps({"resumed_count": 1}))
     first = resume.decide("auto", storage, is_global_zero=True)
-    assert json.loads(os.environ[resume.DECISION_ENV]) == {
-        "storage": storage.url,
-        "identity": None,
-        "point": {"url": url, "epoch": 0, "global_step": 4},
-        "resumed": 2,
-        "completed": None,
-    }
-    Path(url).unlink()  # a rank that looked itself would now start fresh
+    assert first.point == ResumePoint(url=url, epoch=0, global_step=4) and first.resumed_count == 2
     other = resume.decide("auto", storage, is_global_zero=False)
     assert other.point == first.point and other.resumed_count == 2
+    resume.record_start(storage, first, tmp_path / "run")  # rank 0's start, as Lightning's ranks find it
+    storage.write_text("config.yaml", "seed: 1\n")
+    assert resume.decide("auto", storage, is_global_zero=False).point == first.point
 
 
-def test_a_rank_without_a_decision_to_inherit_decides_without_acting(storage):
+def test_a_rank_that_is_not_zero_decides_without_acting(storage):
     (Path(storage.path) / "checkpoints" / "last.ckpt").write_bytes(b"not a zip")
     assert resume.decide("auto", storage, is_global_zero=False) == Decision()
-    assert resume.DECISION_ENV not in os.environ
     assert (Path(storage.path) / "checkpoints" / "last.ckpt").exists()
 
 
 def test_a_debug_run_always_starts_fresh_on_every_rank(storage):
     save_checkpoint(storage, "last.ckpt", step=4)
     assert resume.decide("auto", storage, is_global_zero=True, debug_run=True) == Decision()
-    inherited = {"storage": storage.url, "identity": None, "point": None, "resumed": 0, "completed": None}
-    assert json.loads(os.environ[resume.DECISION_ENV]) == inherited
-    assert resume.decide("auto", storage, is_global_zero=False) == Decision()
+    assert resume.decide("auto", storage, is_global_zero=False, debug_run=True) == Decision()
 
 
-def test_a_decision_inherited_for_another_run_is_ignored(storage, tmp_path):
-    # A process that ran a run in itself hands its decision to the processes it starts: a rank of
-    # another run decides for itself (it once started fresh while its rank 0 resumed, and hung).
+def test_what_naming_the_run_folder_found_serves_its_own_start_once(storage, tmp_path):
+    # Hydra names the run's folder first (find, kept), the start's decision takes it: the records
+    # are read once. Kept for another run, or taken already, it is read again.
     url = save_checkpoint(storage, "last.ckpt", step=4)
     elsewhere = RunStorage(str(tmp_path / "elsewhere"), "other-0123456789")
     elsewhere.prepare()
-    resume.decide("auto", elsewhere, is_global_zero=True)  # an earlier run of this process: start fresh
+    resume.find("auto", elsewhere, keep=True)  # an earlier run of this process
+    assert resume.find("auto", storage, keep=True).completed_summary is None
+    storage.write_text("summary.json", json.dumps({"status": "completed"}))
     other = resume.decide("auto", storage, is_global_zero=False)
-    assert other.point is not None and other.point.url == url
+    assert other.point is not None and other.point.url == url  # as found when the folder was named
+    assert resume.decide("auto", storage, is_global_zero=False).completed_summary is not None
+
+
+def test_a_start_records_the_settings_it_trains_though_naming_its_folder_did_not_need_them(storage):
+    resume.find("auto", storage, CODE_A, keep=True)  # Hydra's run folder: the code alone
+    decision = resume.decide("auto", storage, is_global_zero=True, code={**CODE_A, "settings": "5e6f"})
+    resume.record_start(storage, decision, Path("run-dir"))
+    (start,) = json.loads(storage.read_text("run.json"))["starts"]
+    assert (start["code"], start["settings"]) == (CODE_A["fingerprint"], "5e6f")
 
 
 def test_the_reason_a_checkpoint_does_not_load_is_one_short_line():
@@ -372,9 +375,8 @@ def test_a_run_completed_with_other_code_is_a_new_run_in_a_folder_of_its_own(sto
     decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
     assert decision.identity == "default-0123456789-bbbbbbbb"
     assert decision.point is None and decision.completed_summary is None  # trains from scratch
-    assert json.loads(os.environ[resume.DECISION_ENV])["identity"] == decision.identity
-    # A rank Lightning launched takes it from there, without looking (it is given no code).
-    assert resume.decide("auto", storage, is_global_zero=False).identity == decision.identity
+    # Another rank reaches the same folder.
+    assert resume.decide("auto", storage, is_global_zero=False, code=CODE_B).identity == decision.identity
     new = RunStorage(storage.root, decision.identity)
     started_with(new, CODE_B, completed=True)
     # The same command again, with either code: each version's run completed, nothing trains.
@@ -383,8 +385,8 @@ def test_a_run_completed_with_other_code_is_a_new_run_in_a_folder_of_its_own(sto
     back = resume.decide("auto", storage, is_global_zero=True, code=CODE_A)
     assert back.identity is None and back.completed_summary is not None
     # The sweep's check before starting a job reads the same folders.
-    assert resume.completed_summary(storage, CODE_B) == again.completed_summary
-    assert resume.completed_summary(storage, CODE_C) is None
+    assert resume.find("auto", storage, CODE_B).completed_summary == again.completed_summary
+    assert resume.find("auto", storage, CODE_C).completed_summary is None
 
 
 def test_the_same_code_is_the_same_run_as_before(storage):
@@ -448,3 +450,16 @@ def test_resume_never_after_a_code_change_starts_this_codes_run_afresh(storage):
         "default-0123456789-bbbbbbbb"
     )
     assert (Path(storage.path) / "summary.json").is_file()  # the other code's run is left alone
+
+
+def test_resume_never_trains_this_codes_own_folder_on_every_rank(storage, tmp_path):
+    # A later version that continued with this code and completed is left alone: what rank 0 sets
+    # aside never changes which folder another rank finds.
+    started_with(storage, CODE_A, completed=True)
+    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
+    started_with(second, CODE_C, completed=True)  # continued there with CODE_C, and finished
+    first = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
+    assert first.identity == "default-0123456789-cccccccc"
+    resume.begin(first, tmp_path / "run", None)
+    assert resume.decide("never", storage, is_global_zero=False, code=CODE_C).identity == first.identity
+    assert (Path(second.path) / "summary.json").is_file()  # left as it was

@@ -310,7 +310,9 @@ def test_pruned_failed_and_interrupted_trials(tmp_path):
 
 def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
-    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, heartbeat_interval=1)
+    # A trial is stale once silent for two heartbeats plus storage_outage_s: 3 s here.
+    quick = {"heartbeat_interval": 1, "storage_outage_s": 1}
+    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, **quick)
     sweeper.sweep([])
     study = load(tmp_path)
     # A sweep that died with a trial running: asked for, one heartbeat, then silence.
@@ -321,7 +323,7 @@ def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch
         {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
     )
     storage.record_heartbeat(dead._trial_id)
-    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, heartbeat_interval=1)
+    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **quick)
     started = time.monotonic()
     rerun.sweep([])
     trials = load(tmp_path).trials
@@ -362,6 +364,38 @@ def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_pa
     assert (
         error.startswith("litlab: error: the search's overrides") and "model=nosuch do not compose" in error
     )
+
+
+def test_a_database_that_stops_answering_for_less_than_storage_outage_s_is_waited_for(
+    tmp_path, monkeypatch, caplog
+):
+    import sqlalchemy.exc
+
+    down_until = [0.0]
+    tell = optuna.storages.RDBStorage.set_trial_state_values
+
+    def tell_while_up(storage, *args, **kwargs):  # what Optuna raises for a lost connection
+        if time.monotonic() < down_until[0]:
+            refused = sqlalchemy.exc.OperationalError("COMMIT", {}, ConnectionRefusedError("refused"))
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit."
+            ) from refused
+        return tell(storage, *args, **kwargs)
+
+    def job(params, trial):  # the database goes down as the first trial ends, for 2.5 s
+        if trial["trial"] == 0:
+            down_until[0] = time.monotonic() + 2.5
+        return completed(params, trial)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", tell_while_up)
+    sweeper, pool = searcher(tmp_path, "sweep", job, slots=1, storage_outage_s=30)
+    with caplog.at_level("INFO", logger="litlab.launch.search"):
+        sweeper.sweep([])
+    # Every trial told once: none failed, none retried, none lost.
+    assert [t.state for t in load(tmp_path).trials] == [TrialState.COMPLETE] * 4 and len(pool.started) == 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "does not answer (refused)" in warnings[0]
+    assert len([r for r in caplog.records if "answers again" in r.getMessage()]) == 1
 
 
 class FunctionLauncher:
@@ -432,3 +466,20 @@ def test_a_study_out_of_reach_does_not_stop_the_run(tmp_path, monkeypatch):
     summary = train_in_process(tmp_path, *RUN)
     assert summary["status"] == "completed" and summary["pruned_epoch"] is None and summary["epochs"] == 2
     assert logged(tmp_path / "run", "the run is not pruned")
+
+
+def test_reports_that_fail_while_the_database_is_down_warn_once_and_the_trial_trains_on(
+    tmp_path, monkeypatch
+):
+    spec = trial_of_a_study_with_a_good_trial(tmp_path)
+    monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
+
+    def database_down(trial, value, step):  # what Optuna raises for a lost connection
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+
+    monkeypatch.setattr(optuna.trial.Trial, "report", database_down)
+    three_epochs = [*(o for o in RUN if not o.startswith("trainer.max_epochs")), "trainer.max_epochs=3"]
+    summary = train_in_process(tmp_path, *three_epochs)
+    assert summary["status"] == "completed" and summary["epochs"] == 3
+    # Three reports failed: one warning.
+    assert len(logged(tmp_path / "run", "Optuna trial", "WARNING")) == 1

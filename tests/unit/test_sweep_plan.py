@@ -230,3 +230,49 @@ def test_a_job_resumed_across_a_change_is_said_in_the_sweeps_log(tmp_path, caplo
     assert "job 0 resumed run mine across a change (code 8373778d→c6928336)" in line
     ((entry,), _) = sweep_record.read(tmp_path / "sweep")
     assert entry["summary"]["resumed_across"] == ["code 8373778d→c6928336"]
+
+
+def test_a_key_typo_in_a_sweep_is_the_single_runs_one_line_before_any_job(tmp_path, capsys):
+    """``-m precision=fp32,bf16 trainer.max_epoch=1``: every job composes, and each fails the check a
+    single run's preflight makes. The sweeper checks each job once, as it plans it (it used to start
+    the sweep and make every job a failed row)."""
+    from litlab.cli.preflight import checked_config
+    from litlab.config.rules import ConfigError
+
+    with pytest.raises(ConfigError) as single:
+        checked_config("train", ["model=mlp", "precision=fp32", "trainer.max_epoch=1"])
+    sweeper = grid(tmp_path)
+    line = refusal(sweeper, ["precision=fp32,bf16", "trainer.max_epoch=1"], capsys)
+    assert line == "litlab: error: " + " ".join(str(single.value).split()) and "'trainer.max_epoch'" in line
+    assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
+
+
+def test_a_job_larger_than_the_pool_is_a_failed_row_on_gpus_and_runs_alone_on_slots(tmp_path):
+    """On GPUs a job that needs more than the pool has never starts: one failed row, one line, no
+    output.log. Without GPUs its "devices" are processes: the pool starts it (alone, on every slot)."""
+    from litlab.launch.pool import DevicePoolLauncher, DeviceSchedule, QueuedJob, _Job
+
+    sweeper = grid(tmp_path)
+    pool = DevicePoolLauncher(devices=2)
+    pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
+    job = QueuedJob(["model=mlp", "trainer.accelerator=cpu", "trainer.devices=3", "strategy=ddp"])
+    on_slots = pool._prepare(1, job, DeviceSchedule(["0", "1"], gpus=False))
+    assert isinstance(on_slots, _Job) and on_slots.need == 3
+    on_gpus = pool._prepare(0, job, DeviceSchedule(["0", "1"], gpus=True))
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    too_large = entry["summary"]
+    assert entry["outcome"] == sweep_record.NOT_STARTED and too_large["status"] == "failed"
+    assert too_large["error"] == (
+        "the job needs 3 devices (trainer.devices=3) and the pool has 2 (0,1): set hydra.launcher.devices"
+    )
+    assert too_large["sweep"]["devices"] == [] and on_gpus.return_value is None
+    assert not (Path(too_large["run_dir"]) / "output.log").exists()
+
+
+def test_a_global_batch_that_does_not_divide_for_one_job_stops_the_sweep_before_any_job(tmp_path, capsys):
+    # Job 0 cannot split a global batch of 96 into accumulation 5; job 1 could (micro-batch 48). Found
+    # by the sweep before any job's process would start: none did, and no sweep folder.
+    sweeper = grid(tmp_path)
+    line = refusal(sweeper, ["global_batch_size=96", "trainer.accumulate_grad_batches=5,2"], capsys)
+    assert "global_batch_size=96" in line and "5" in line
+    assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()

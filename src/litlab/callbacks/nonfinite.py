@@ -12,10 +12,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
-from litlab.errors import LitlabError
-from litlab.library_internals import foreach_copy_, foreach_norm, last_global_step_saved
+from litlab.errors import EXIT_FAILED, LitlabError
+from litlab.library_internals import foreach_copy_, foreach_norm
+from litlab.storage.checkpoints import newest_checkpoint
 
 log = logging.getLogger("litlab")
 
@@ -23,7 +24,7 @@ log = logging.getLogger("litlab")
 class NonFiniteLoss(LitlabError):
     """Training stopped because of a nan/inf loss or gradient (``on_nonfinite=fail``)."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class NonFiniteLossGuard(Callback):
@@ -81,10 +82,8 @@ class NonFiniteLossGuard(Callback):
                 )
             return
         self.report["failed_at_step"] = step
-        checkpoint = _newest_checkpoint(trainer)
-        kept = (
-            f"the last checkpoint, {checkpoint}, is kept" if checkpoint else "no checkpoint was written yet"
-        )
+        newest = newest_checkpoint(trainer)
+        kept = f"the last checkpoint, {newest[0]}, is kept" if newest else "no checkpoint was written yet"
         raise NonFiniteLoss(
             f"at {where} the {problem}, so training stopped before that optimizer step and "
             f"{kept}: {_cures(trainer)}"
@@ -127,16 +126,3 @@ def _cures(trainer: L.Trainer) -> str:
             f"or fp16 (mixed); or {cures}"
         )
     return cures
-
-
-def _newest_checkpoint(trainer: L.Trainer) -> str | None:
-    """The file of the newest state saved so far. Only a checkpoint callback without a monitor keeps
-    its newest file (as ``best_model_path``; ``last_model_path`` with ``save_last``); of those, the one
-    that saved last. ``trainer.checkpoint_callback`` alone is the first callback, often a monitoring one."""
-    saved = [
-        (last_global_step_saved(callback), callback.last_model_path or callback.best_model_path)
-        for callback in trainer.checkpoint_callbacks
-        if isinstance(callback, ModelCheckpoint) and callback.monitor is None
-    ]
-    written = [(step, path) for step, path in saved if path]
-    return max(written)[1] if written else None

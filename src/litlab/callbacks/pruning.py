@@ -2,7 +2,8 @@
 
 Added to a run whose process has ``LITLAB_OPTUNA_TRIAL`` (set by ``litlab.launch.search``): global rank
 0 reports ``optimized_metric`` after every validation and broadcasts the pruner's decision, so every
-rank stops together (summary.json ``status: pruned``, exit 0). A database it cannot reach only warns.
+rank stops together (summary.json ``status: pruned``, exit 0). A database that does not answer (a
+restart, an outage) warns once; the run trains on and reports again at its next validation.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from litlab.config.pruners import make_pruner, quiet_optuna
+from litlab.config.pruners import database_error, engine_kwargs, make_pruner, quiet_optuna
 
 log = logging.getLogger("litlab")
 
@@ -32,42 +33,39 @@ class TrialPruning(Callback):
         self.metric = metric
         self.spec = spec
         self.run = run
-        self.trial: Any = None  # optuna.trial.Trial, on global rank 0 once reachable
-        self.unreachable = False
+        self.trial: Any = None  # optuna.trial.Trial, on global rank 0 once reached
+        self.warned = False
 
     def _connect(self) -> Any:
-        if self.trial is None and not self.unreachable:
-            try:
-                import optuna
+        import optuna
 
-                quiet_optuna()
-                storage = optuna.storages.RDBStorage(self.spec["storage"])
-                study = optuna.load_study(
-                    study_name=self.spec["study"], storage=storage, pruner=make_pruner(self.spec["pruner"])
-                )
-                trial_id = storage.get_trial_id_from_study_id_trial_number(
-                    study._study_id, self.spec["trial"]
-                )
-                self.trial = optuna.trial.Trial(study, trial_id)
-            except Exception as error:  # the run matters more than its pruning
-                self.unreachable = True
-                log.warning(
-                    "Optuna trial %s not reachable, the run is not pruned: %s", self.spec.get("trial"), error
-                )
-        return self.trial
+        quiet_optuna()
+        url = self.spec["storage"]
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+        study = optuna.load_study(
+            study_name=self.spec["study"], storage=storage, pruner=make_pruner(self.spec["pruner"])
+        )
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, self.spec["trial"])
+        return optuna.trial.Trial(study, trial_id)
 
     def _should_prune(self, trainer: L.Trainer) -> bool:
         value = trainer.callback_metrics.get(self.metric)
-        trial = self._connect()
-        if value is None or trial is None:
+        if value is None:
             return False
         try:
-            trial.report(float(value), step=trainer.current_epoch)
-            return bool(trial.should_prune())
-        except Exception as error:
-            log.warning(
-                "Optuna trial %s: could not report %s: %s", self.spec.get("trial"), self.metric, error
-            )
+            self.trial = self.trial or self._connect()
+            self.trial.report(float(value), step=trainer.current_epoch)
+            return bool(self.trial.should_prune())
+        except Exception as error:  # the run matters more than its pruning: it trains on
+            if not self.warned:  # once: a database restarting fails every report until it is back
+                self.warned = True
+                log.warning(
+                    "Optuna trial %s: %s not reported (%s): the run is not pruned while the study's "
+                    "database does not answer, and trains on",
+                    self.spec.get("trial"),
+                    self.metric,
+                    database_error(error),
+                )
             return False
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

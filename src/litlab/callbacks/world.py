@@ -13,13 +13,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from litlab.errors import LitlabError
+from litlab.errors import EXIT_FAILED, LitlabError
 
 
 class WorldMismatch(LitlabError):
     """The run did not have the ranks it was configured with, or its ranks disagree on the steps."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 def world_problem(expected: int, members: int, steps_per_rank: list[int]) -> str | None:

@@ -59,8 +59,16 @@ def run_checked(cfg: DictConfig, one_line_exit: bool) -> dict[str, Any]:
     """Hydra's single run of ``cfg`` (a checked train config with its ``hydra`` node): the run directory,
     .hydra/, logging, then ``train_run``. ``one_line_exit``: a failure ends the process with one line
     on stderr, as a command does; otherwise it is raised."""
+    from litlab.config.identity import run_folder
+    from litlab.config.redact import move_typed_secrets
     from litlab.library_internals import hydra_job_callbacks
 
+    # As the multirun's Hydra callback does (CommandLineSecrets): a credential typed on the command
+    # line reaches the run through the environment, so no file Hydra or litlab writes holds it.
+    move_typed_secrets(cfg)
+    # The start's one read of its storage (the resume decision's first half), made here and kept, so
+    # the resolver that names the run folder from it (hydra.run.dir) reads nothing.
+    run_folder(cfg)
     with read_write(cfg.hydra), open_dict(cfg.hydra):  # RUN: where litlab.run.ending exits in one line
         cfg.hydra.mode = RunMode.RUN if one_line_exit else None
     # Hydra's own single run (what its run mode does after composing); run_job reads no config source,

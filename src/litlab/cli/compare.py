@@ -17,7 +17,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from litlab.report.compare import DEFAULT_BASELINE, CompareError
+from litlab.errors import EXIT_FAILED, EXIT_REFUSED
+from litlab.report.collect import CompareError
+from litlab.report.compare import DEFAULT_BASELINE
 from litlab.report.render import report_runs
 
 
@@ -44,18 +46,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.out is None and len(args.paths) > 1:
-        parser.exit(
-            2, "litlab-compare: error: several directories given: name the output folder with --out\n"
-        )
     out = args.out or args.paths[0]
     try:
+        if args.out is None and len(args.paths) > 1:
+            raise CompareError("several directories given: name the output folder with --out")
         report = report_runs(args.paths, out, baseline=args.baseline, metric=args.metric)
     except CompareError as error:
-        parser.exit(2, f"litlab-compare: error: {error}\n")
+        parser.exit(EXIT_REFUSED, f"litlab-compare: error: {error}\n")
     if report.unfinished:  # as a sweep does: scripts notice
         parser.exit(
-            1,
+            EXIT_FAILED,
             f"litlab-compare: {len(report.unfinished)} of {len(report.rows)} rows did not complete "
             f"(failed, interrupted or running elsewhere): see {out / 'report.md'}\n",
         )

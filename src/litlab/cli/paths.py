@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
+from litlab.errors import EXIT_REFUSED, error_line
+
 PATH_KEYS = ("ckpt_path", "resume")
 
 
@@ -45,5 +47,5 @@ def check_pasted_paths(args: Sequence[str]) -> None:
     for arg in args:
         message = unreadable_path(arg, multirun)
         if message is not None:
-            print(f"litlab: error: {message}", file=sys.stderr)
-            sys.exit(2)
+            print(error_line(message), file=sys.stderr)
+            sys.exit(EXIT_REFUSED)

@@ -8,7 +8,11 @@ line naming the bad key or value and what is allowed, then exits 2. It checks, i
 2. the storage root, an explicit ``resume=PATH``, and the run's lock (``litlab.storage.lock``);
 3. your datamodule and optimizer partial, built once on the side (``build_on_the_side``).
 
-Sweeps (``-m``, comma lists) are left to Hydra: each job checks itself when it starts.
+A sweep (``-m``, comma lists, a sweep file) is composed here as Hydra composes it before its sweeper
+runs (a key or value that does not compose is the same one line as for a single run); its sweeper then
+composes and checks each job before it starts (the grid: every job before any starts;
+``litlab.launch.multirun.JobPlan``), and a job's own process checks nothing again.
+``HYDRA_FULL_ERROR=1`` raises the error, with its traceback, instead.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import sys
 
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -28,6 +33,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
+from litlab.cli.flags import MULTIRUN_FLAGS
 from litlab.config import rules, schema, signatures
 from litlab.config.identity import run_identity
 from litlab.config.preflight import (
@@ -37,27 +43,60 @@ from litlab.config.preflight import (
     config_dirs,
     first_line,
 )
+from litlab.errors import EXIT_REFUSED, error_line
 from litlab.logs import global_rank
 from litlab.storage import lock, roots
 
 
 def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
-    """The config ``litlab-<config_name> ARGS`` runs, checked, or exit 2 with one line. None where
-    Hydra's own flags or a sweep leave the checks to Hydra and the sweep's jobs."""
-    if any(arg.startswith("-") for arg in args) or os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return None  # Hydra's own flags (-m, --cfg, --help...), or the user asked for Hydra's full errors
-    try:
-        if sweep_overrides(args):
-            return None
-        return checked_config(config_name, args)
-    except rules.ConfigError as error:
-        _exit(str(error))
+    """The config ``litlab-<config_name> ARGS`` runs, checked, or exit 2 with one line. None for a
+    sweep (composed here, checked by its sweeper job by job) and where Hydra's own flags other than
+    ``-m`` leave the config to Hydra (--cfg, --help, -cn...)."""
+    multirun = bool(args) and args[0] in MULTIRUN_FLAGS  # flags.multirun_flag_first put it there
+    overrides = args[1:] if multirun else args
+    if any(arg.startswith("-") for arg in overrides):
         return None
+    try:
+        sweep = sweep_overrides(overrides)
+        if multirun or sweep:  # the sweep's base config, as Hydra composes it before its sweeper
+            composed(config_name, [o for o in overrides if o not in sweep])
+            return None
+        cfg = checked_config(config_name, overrides)
+        return cfg if cfg.hydra.mode != RunMode.MULTIRUN else None
+    except rules.ConfigError as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise  # the stack, as a developer asked
+        print(error_line(error), file=sys.stderr)
+        raise SystemExit(EXIT_REFUSED) from None
 
 
 def checked_config(config_name: str, args: list[str]) -> DictConfig:
     """The config ``litlab-<config_name> ARGS`` runs, composed (with its ``hydra`` node) and checked;
-    raises ConfigError with the one line the command prints."""
+    raises ConfigError with the one line the command prints. A sweep file's config (``hydra.mode:
+    MULTIRUN``) is only composed: its sweeper checks each job."""
+    cfg = composed(config_name, args)
+    if cfg.hydra.mode == RunMode.MULTIRUN:
+        return cfg
+    try:
+        if config_name == "train":
+            check_train_config(cfg, args)
+            check_storage_and_resume(cfg)
+        else:
+            rules.check_eval(cfg)
+    except roots.StorageError as error:
+        raise rules.ConfigError(str(error)) from None
+    except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
+        raise rules.ConfigError(
+            f"'{error.full_key}' has no value: set it, or choose an option of its group"
+        ) from None
+    if config_name == "train":
+        build_on_the_side(cfg)
+    return cfg
+
+
+def composed(config_name: str, args: list[str]) -> DictConfig:
+    """The config of ``args`` composed as Hydra will (with its ``hydra`` node); raises ConfigError
+    naming the override or value that does not compose."""
     for override in _parsed(args):
         if not override.key_or_group:
             raise rules.ConfigError(
@@ -77,22 +116,6 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
         raise rules.ConfigError(
             f"malformed override: {first_line(str(error))} (see --help for the syntax)"
         ) from None
-    # A sweep file (hydra.mode: MULTIRUN) is checked on its base config: a bad value all its jobs
-    # share fails here once; values its sweeper varies are checked by each job.
-    try:
-        if config_name == "train":
-            check_train_config(cfg, args)
-            check_storage_and_resume(cfg)
-        else:
-            rules.check_eval(cfg)
-    except roots.StorageError as error:
-        raise rules.ConfigError(str(error)) from None
-    except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
-        raise rules.ConfigError(
-            f"'{error.full_key}' has no value: set it, or choose an option of its group"
-        ) from None
-    if config_name == "train" and cfg.hydra.mode != RunMode.MULTIRUN:  # a sweep's jobs build their own
-        build_on_the_side(cfg)
     return cfg
 
 
@@ -115,21 +138,15 @@ def build_on_the_side(cfg: DictConfig) -> None:
     so that a value they reject fails before any run directory exists. Raises ConfigError."""
     from litlab.run.build import check_by_building  # loads torch and Lightning: not before a typo fails
 
-    _set_hydra_config(cfg)
-    check_by_building(cfg)
-
-
-def _set_hydra_config(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     HydraConfig.instance().set_config(cfg)  # configs may use ${hydra:runtime.cwd} and the like
+    check_by_building(cfg)
 
 
 def check_storage_and_resume(cfg: DictConfig) -> None:
     """The storage root is usable and an explicit ``resume=PATH`` exists, before torch loads."""
-    _set_hydra_config(cfg)
+    HydraConfig.instance().set_config(cfg)
     try:
-        storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True)
+        storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue:
         example = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix"}.get(
             cfg.storage.name, "/mnt/drive/litlab"
@@ -167,8 +184,3 @@ def _user_group_key_message(config_name: str, args: list[str], error: BaseExcept
     except Exception:  # the other overrides do not compose either: Hydra's message it is
         return None
     return None
-
-
-def _exit(message: str) -> None:
-    print(f"litlab: error: {message}", file=sys.stderr)
-    sys.exit(2)

@@ -10,8 +10,6 @@ import os
 import sys
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from litlab import garbage_collection
@@ -21,7 +19,7 @@ from litlab.cli.flags import multirun_flag_first
 from litlab.cli.paths import check_pasted_paths
 from litlab.cli.preflight import check_or_exit
 from litlab.config import schema
-from litlab.config.preflight import CONFIG_DIR, check_train_config
+from litlab.config.preflight import CONFIG_DIR
 from litlab.launch import multirun
 from litlab.run.summary import SWEEP_JOB_ENV, sweep_job
 
@@ -30,10 +28,9 @@ schema.register()
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def train(cfg: DictConfig) -> float | None:
+    """Hydra's main: a sweep's job (its sweeper checked its config) or a run the preflight checked."""
     if sweep_job() is not None:  # a multirun job: a failure is a report row, not the sweep's end
         return multirun.run_sweep_job(cfg, train_run)
-    # Again, in milliseconds: the preflight leaves commands with Hydra's flags and HYDRA_FULL_ERROR=1 alone.
-    check_train_config(cfg, list(HydraConfig.get().overrides.task))
     return train_run(cfg)
 
 
@@ -47,8 +44,7 @@ def main() -> None:
     if SWEEP_JOB_ENV not in os.environ:  # a sweep job's process: the sweep checked its config
         checked = check_or_exit("train", args)
     try:
-        one_run = checked is not None and checked.hydra.mode != RunMode.MULTIRUN  # no sweep file either
-        if one_run:
+        if checked is not None:  # one run (not a sweep)
             run_checked(checked, one_line_exit=True)  # the checked config, not composed again
         else:
             train()  # Hydra's flags, a sweep, a sweep's job, a torchrun rank: Hydra's own main

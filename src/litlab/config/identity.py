@@ -103,24 +103,30 @@ def run_identity(cfg: DictConfig, settings: dict[str, Any] | None = None) -> str
 
 def run_folder(cfg: DictConfig) -> str:
     """The name of the run's folder, under ``<log dir>/<task>/runs/`` and under the storage root: its
-    identity, or, once that run completed with other code, this code's version of it (decided as the
-    run's start decides it, ``litlab.storage.resume.folder_for_code``). ``cfg`` holds Hydra's node.
+    identity, or, once that run completed with other code, this code's version of it (``found_in_storage``,
+    kept for the start's resume decision). ``cfg`` holds Hydra's node.
 
     Every rank, every restart and every requeue of one command computes the same name from the
     command and the storage, so ranks need not agree on it and a requeued job finds its folder.
     """
-    identity = run_identity(cfg)
-    if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
-        return identity  # a debug run always starts fresh in the identity's folder (resume.decide)
-    code = code_version(cfg, cfg.hydra).record()
     try:
-        storage = RunStorage(str(cfg.storage.root), identity, storage_options(cfg.storage))
-        never = str(cfg.resume) == resume.NEVER
-        return resume.folder_for_code(storage, code, continue_unfinished=not never).identity
+        found = found_in_storage(cfg, cfg.hydra, keep=True)
     except Exception as error:  # fsspec's, botocore's, an uninstalled backend's: each raises its own
         # Storage that cannot be read: the run's start says why in one line (check_storage).
-        log.debug("run folder of %s named without its storage (%s)", identity, error)
-        return identity
+        log.debug("run folder of %s named without its storage (%s)", run_identity(cfg), error)
+        return run_identity(cfg)
+    return (found.identity if found is not None else None) or run_identity(cfg)
+
+
+def found_in_storage(cfg: DictConfig, hydra_cfg: DictConfig, keep: bool = False) -> resume.Decision | None:
+    """The resume decision's read-only half (``litlab.storage.resume.find``) for the run ``cfg``
+    composed as ``hydra_cfg`` says: its storage folder for the user's code as it is now, and the
+    summary of a run that completed there; None for a debug run (``trainer.fast_dev_run``), which
+    always starts fresh in the identity's folder."""
+    if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
+        return None
+    storage = RunStorage(str(cfg.storage.root), run_identity(cfg), storage_options(cfg.storage))
+    return resume.find(str(cfg.resume), storage, code_version(cfg, hydra_cfg).record(), keep=keep)
 
 
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
@@ -186,10 +192,7 @@ def _package_files(top: str) -> list[tuple[str, Path]]:
     """The ``.py`` files of a top-level package or module that is not installed (nor the standard
     library), named from the package (``project/vision/module.py``). ``find_spec`` of a top-level
     name imports nothing."""
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return []
+    spec = _spec(top)
     if spec is None:
         return []
     if spec.submodule_search_locations:
@@ -265,17 +268,20 @@ def _source_folder(path: str, schema: str) -> tuple[Path | None, bool]:
     if schema != "pkg":
         return None, False  # structured configs (schema): no file
     top, *inner = path.split(".")
-    if top in (ENGINE_PACKAGE, "hydra"):
-        return _package_folder(top, inner), False
     folder = _package_folder(top, inner)
-    return folder, folder is not None and not _installed(folder)
+    return folder, top not in (ENGINE_PACKAGE, "hydra") and folder is not None and not _installed(folder)
 
 
 def _package_folder(top: str, inner: list[str]) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
+    spec = _spec(top)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(spec.submodule_search_locations[0]).joinpath(*inner)
+
+
+def _spec(top: str) -> Any:
+    """The import spec of a top-level name (importlib.machinery.ModuleSpec), found without importing it."""
+    try:
+        return importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None

@@ -1,7 +1,8 @@
 """The torch-free checks of a composed train config (``check_train_config``) and where the configs
 are read from: the fork's ``configs/`` (``CONFIG_DIR``), then the engine's groups
-(``ENGINE_CONFIG_DIR``; ``config_dirs``). The command line's preflight, which runs them
-before Hydra starts, is ``litlab.cli.preflight``; each sweep job runs them when it starts.
+(``ENGINE_CONFIG_DIR``; ``config_dirs``). They run once per run: for a single run in the command
+line's preflight (``litlab.cli.preflight``), before Hydra starts; for a sweep's job where its sweeper
+composes it, before the job starts (``litlab.launch.multirun.JobPlan``).
 """
 
 from __future__ import annotations

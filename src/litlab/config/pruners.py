@@ -1,7 +1,7 @@
-"""Optuna pruning's settings, shared by the search (``litlab.launch.search``) and the pruning
-callback in each trial's process (``litlab.callbacks.pruning``): the pruners a search may name
-(``hydra.sweeper.pruner``), the pruner built from them, and ``LITLAB_OPTUNA_TRIAL``, which tells a
-trial's process its study and trial. Optuna is imported only when a pruner is made.
+"""Optuna's settings shared by the search (``litlab.launch.search``) and the pruning callback in each
+trial's process (``litlab.callbacks.pruning``): the pruners a search may name (``hydra.sweeper.pruner``),
+the pruner built from them, how both connect to the study's database, and ``LITLAB_OPTUNA_TRIAL``,
+which tells a trial's process its study and trial. Optuna is imported only when a pruner is made.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import json
 import os
 from typing import Any
 
+from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
+from litlab.errors import error_chain, one_line
 
 # The environment variable that tells a trial's process its study and trial (JSON), for pruning.
 TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
@@ -40,6 +42,22 @@ def make_pruner(spec: dict[str, Any]) -> Any:
             max_resource=max_epochs if isinstance(max_epochs, int) and max_epochs > 0 else "auto",
         )
     return optuna.pruners.NopPruner()
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLAlchemy's settings for the study's database: a pooled connection is checked before use (a
+    restarted server's old ones are replaced), and PostgreSQL's connect gives up after 10 s rather
+    than the system's minutes (a host that does not answer)."""
+    if url.startswith("postgresql"):
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    return {"pool_pre_ping": True}
+
+
+def database_error(error: BaseException) -> str:
+    """What the database's driver said, in one line (``connection ... failed: Connection refused``),
+    rather than Optuna's StorageInternalError, whose text blames the data."""
+    said = next((cause.orig for cause in error_chain(error) if getattr(cause, "orig", None)), error)
+    return redact_text(one_line(str(said).split("\n")[0]))
 
 
 def quiet_optuna() -> None:

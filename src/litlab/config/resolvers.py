@@ -1,7 +1,7 @@
 """The OmegaConf resolvers litlab's configs use, registered once per process before composing.
 
 ``litlab_run_folder`` (a run's folder name), ``litlab_job_folder`` (a sweep job's),
-``litlab_start_stamp`` (a multirun's or an evaluation's directory name), ``litlab_cwd``,
+``litlab_start_stamp`` (a multirun's or an evaluation's directory name), ``litlab_cwd``, ``litlab_env``,
 ``litlab_direction`` (Optuna's direction), ``litlab_rank_zero_only``, the Slurm sizes
 ``litlab_tasks_per_node`` and ``litlab_gpus_per_node``, and ``litlab_config_groups`` of
 ``litlab.config.usage``.
@@ -28,6 +28,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("litlab_start_stamp", start_stamp, use_cache=True)
     if not OmegaConf.has_resolver("litlab_cwd"):
         OmegaConf.register_new_resolver("litlab_cwd", start_dir)
+    if not OmegaConf.has_resolver("litlab_env"):
+        OmegaConf.register_new_resolver("litlab_env", env_or)
     if not OmegaConf.has_resolver("litlab_direction"):
         OmegaConf.register_new_resolver(
             "litlab_direction", lambda mode: {"min": "minimize"}.get(mode, "maximize")
@@ -62,6 +64,12 @@ def start_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
+
+
+def env_or(name: str, default: Any) -> Any:
+    """``${oc.env:NAME,default}``, but a variable set to nothing (as job templates often leave one)
+    counts as unset: an empty ``LITLAB_LOG_DIR`` would put every run at the filesystem's root."""
+    return os.environ.get(name) or default
 
 
 def run_folder(start_stamp: str, *, _root_: DictConfig) -> str:

@@ -73,9 +73,15 @@ def batch_sizes(
     return BatchSizes(micro, accumulation, world_size, micro * accumulation * world_size)
 
 
+def usable_cores() -> list[int]:
+    """The CPU cores this process may use (its affinity where the OS has one, as on Linux)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def cpu_cores() -> int:
-    """CPU cores this process may use (its affinity where the OS has one, as on Linux)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(usable_cores())
 
 
 def _positive(key: str, value: Any, allowed: str = "a positive integer") -> None:

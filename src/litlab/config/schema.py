@@ -76,8 +76,8 @@ class PathsConfig:
 
 @dataclass
 class TrainConfig:
-    """configs/train.yaml. ``model``, ``data``, ``optimizer``, ``scheduler`` are your groups: any
-    keys their ``_target_`` accepts (checked by ``litlab.config.signatures``)."""
+    """configs/train.yaml over the engine's defaults (src/litlab/conf/litlab_train.yaml). ``model``, ``data``,
+    ``optimizer``, ``scheduler`` are your groups: any keys their ``_target_`` accepts (config.signatures)."""
 
     # Checked against lightning.Trainer's and the strategy's signature (litlab.config.signatures).
     trainer: Any = MISSING

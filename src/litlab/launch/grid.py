@@ -1,11 +1,12 @@
 """The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values, as
 Hydra's basic sweeper makes it, planned whole before any job starts.
 
-Every job's config is composed once (a value that does not compose is one ``litlab: error:`` line,
-exit 2, and no sweep folder); two jobs that train differently but would share a run name or a folder
-refuse the sweep the same way; jobs that train the same run (``optimizer.lr=0.002,2e-3``) run once.
-Hydra's ``BasicSweeper`` lives in ``hydra._internal``, so the grid itself (a product of the swept
-values, in command-line order) is written out here.
+Every job's config is composed and checked once, as a single run's (a value that does not compose or
+that a single run would refuse is one ``litlab: error:`` line, exit 2, and no sweep folder); two jobs
+that train differently but would share a run name or a folder refuse the sweep the same way; jobs that
+train the same run (``optimizer.lr=0.002,2e-3``) run once. Hydra's ``BasicSweeper`` lives in
+``hydra._internal``, so the grid itself (a product of the swept values, in command-line order) is
+written out here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from litlab.config.rules import ConfigError
+from litlab.errors import one_line
 from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
 from litlab.run import sweep_record
 
@@ -62,7 +64,7 @@ class GridSweeper(PlanningSweeper):
         try:
             parsed = parser.parse_overrides(swept)
         except HydraException as error:
-            raise ConfigError(" ".join(str(error).split())) from None
+            raise ConfigError(one_line(error)) from None
         axes: dict[str, list[str]] = {}  # one axis per key, in command-line order; a later one replaces
         for override in parsed:
             key = override.get_key_element()

@@ -32,9 +32,10 @@ from litlab.config.identity import run_identity, run_settings, settings_fingerpr
 from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
+from litlab.errors import EXIT_REFUSED, error_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
-from litlab.run.summary import FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
+from litlab.run.summary import COMPLETED, FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class ChildFailed(RuntimeError):
 def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) -> float | None:
     """Run one multirun job with ``fit``: in its own process, it fits; in a launcher's process (a
     submitit or joblib worker), it runs the job's single-run command as a child. A failure is
-    recorded in summary.json; in a launcher's process it returns None (the sweep goes on)."""
+    recorded in summary.json; in a launcher's process it returns None (the sweep goes on). Its
+    sweeper checked its config when it planned it (``JobPlan.of``)."""
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
     is_child = hydra.mode != RunMode.MULTIRUN
@@ -70,8 +72,6 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     started_at = now()
     value = None
     try:
-        # A bad value fails here, in milliseconds, before torch loads or a child starts.
-        check_train_config(cfg, list(hydra.overrides.task))
         if is_child:
             return fit(cfg)
         value = run_in_child_process(cfg, job_dir)
@@ -88,9 +88,15 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
 
 
 def record_job(
-    hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, note: str | None = None
+    hydra: DictConfig,
+    job_dir: Path,
+    summary: dict,
+    outcome: str,
+    note: str | None = None,
+    pool: dict | None = None,
 ) -> None:
-    """The sweep's record of a job (``hydra``: the job's hydra config) that ended with ``summary``."""
+    """The sweep's record of a job (``hydra``: the job's hydra config) that ended with ``summary``;
+    ``pool``: the device pool's own record of the job (``sweep_record.write_job``)."""
     sweep_record.write_job(
         Path(str(hydra.sweep.dir)),
         int(hydra.job.num),
@@ -99,6 +105,7 @@ def record_job(
         run_dir=job_dir,
         overrides=typed_overrides(hydra.overrides.task),
         note=note,
+        pool=pool,
     )
     changed = summary.get("resumed_across")
     if changed:  # said in the sweep's log too, not only in the run's train.log
@@ -160,32 +167,24 @@ def describe_exit(returncode: int) -> str:
 
 
 def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
-    """Make sure the job's summary.json says it failed and why (rank 0 writes it).
+    """Make sure the summary.json of a job whose process ended badly says so and why (rank 0 writes
+    it; the pool and this module's jobs alike).
 
-    A run that failed while training already wrote a full summary (``Run.recording_failure``); one
-    that failed before its Trainer existed (a bad value, a global batch that does not divide) gets
-    the fields its config knows.
+    A run that stopped while training already wrote a full summary (``Run.recording_failure``:
+    failed, interrupted); one that failed before its Trainer existed (its storage root) or whose
+    process died gets the fields its config knows.
     """
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"
     existing = Summary.load(path) if path.is_file() else None
-    if existing is not None and existing.status == FAILED:
-        return  # written where the run failed, with the most precise error
+    if existing is not None and existing.status != COMPLETED:
+        return  # written where the run stopped, with the most precise error
     if existing is not None:  # a child that wrote a completed summary, then exited non-zero
         existing.status, existing.error = FAILED, error
         existing.write(path)
         return
-    hydra = HydraConfig.get()
-    Summary.of_config(
-        cfg,
-        FAILED,
-        error,
-        run_dir=job_dir,
-        choices=dict(hydra.runtime.choices),
-        overrides=typed_overrides(hydra.overrides.task),
-        sweep=sweep_job(),
-    ).write(path)
+    Summary.failed(cfg, error, run_dir=job_dir, hydra=HydraConfig.get(), sweep=sweep_job()).write(path)
 
 
 # --- a sweep's jobs, planned before any starts -------------------------------------------------------
@@ -194,7 +193,8 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
 class PlanningSweeper(Sweeper):
     """What litlab's sweepers (the grid, the Optuna search) share: Hydra's setup, which gives them
     their launcher, and a sweep refused in one ``litlab: error:`` line, exit 2, when ``run`` raises
-    ConfigError (a value that does not compose, jobs that would share a folder, bad settings)."""
+    ConfigError (a job that does not compose or fails its checks, jobs that would share a folder,
+    bad settings)."""
 
     config: DictConfig | None = None
     hydra_context: HydraContext | None = None
@@ -214,8 +214,8 @@ class PlanningSweeper(Sweeper):
         try:
             return self.run(arguments)
         except ConfigError as error:
-            sys.stderr.write(f"litlab: error: {' '.join(str(error).split())}\n")
-            raise SystemExit(2) from None
+            sys.stderr.write(error_line(error) + "\n")
+            raise SystemExit(EXIT_REFUSED) from None
 
     def run(self, arguments: list[str]) -> Any:
         raise NotImplementedError
@@ -244,7 +244,9 @@ def job_config(
 @dataclass(frozen=True)
 class JobPlan:
     """Where a sweep's job would write and what it would train (a training job's run identity and
-    settings; None for jobs of entry points that store no run)."""
+    settings; None for jobs of entry points that store no run). ``of`` is where a sweeper checks a
+    job's config, once, before the job starts (the grid: before any does); its process checks nothing
+    again."""
 
     num: int
     overrides: list[str]
@@ -254,9 +256,12 @@ class JobPlan:
 
     @classmethod
     def of(cls, config: DictConfig, overrides: list[str]) -> JobPlan:
+        """The plan of a composed job (``job_config``); raises ConfigError, the line the same value
+        gives a single run, for a training job whose config fails ``check_train_config``."""
         folder = Path(str(config.hydra.runtime.output_dir))
         if config.get("task_name") != "train":
             return cls(int(config.hydra.job.num), list(overrides), folder, None, None)
+        check_train_config(config, list(config.hydra.overrides.task))
         settings = run_settings(config)
         identity = run_identity(config, settings)
         return cls(

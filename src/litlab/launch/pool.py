@@ -2,9 +2,11 @@
 
 Each job is a fresh process running ``litlab.launch.multirun.child_command`` in ``<sweep dir>/<job
 num>/``, on ``trainer.devices`` ids of the pool (``hydra.launcher.devices``, ``jobs_per_device``) with
-its share of the CPU cores. The job needing most devices starts first, smaller ones backfill; a job
-whose run already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143). The rules:
-docs/sweeps.md.
+its share of the CPU cores. The job needing most devices starts first, smaller ones backfill (without
+GPUs, a job of more processes than the pool has slots runs alone on all of them); a job whose run
+already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143). The pool's record of
+each job (devices, start, end, the jobs beside it, command) goes to the sweep's record, never into a
+run's summary.json. The rules: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from litlab.config.redact import typed_overrides  # omegaconf only: the plugin module stays light
+from litlab.config.rules import usable_cores
+from litlab.errors import ERROR_PREFIX, EXIT_PREEMPTED, EXIT_REFUSED, error_line
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +120,13 @@ class DeviceSchedule:
     """Which device ids are free, and which queued job starts next (largest first, then backfill).
 
     Each id has ``jobs_per_device`` slots; a job takes one slot on each of ``need`` distinct ids,
-    the least loaded first."""
+    the least loaded first. On a machine without GPUs (``gpus=False``) the ids are slots for
+    processes, not hardware to share: a job that needs more of them than the pool has waits until
+    the pool is idle, then runs alone on every slot."""
 
-    def __init__(self, ids: Sequence[str], jobs_per_device: int = 1, cores: Sequence[int] = (0,)) -> None:
+    def __init__(
+        self, ids: Sequence[str], jobs_per_device: int = 1, cores: Sequence[int] = (0,), gpus: bool = True
+    ) -> None:
         if not isinstance(jobs_per_device, int) or isinstance(jobs_per_device, bool) or jobs_per_device < 1:
             raise ValueError(
                 f"hydra.launcher.jobs_per_device={jobs_per_device} is not allowed: use an int >= 1"
@@ -126,6 +134,7 @@ class DeviceSchedule:
         self.ids = list(ids)
         self.jobs_per_device = jobs_per_device
         self.cores = sorted(cores)
+        self.gpus = gpus
         # busy[id] = the slot numbers (0..jobs_per_device-1) of that id that hold a job
         self.busy: dict[str, set[int]] = {i: set() for i in self.ids}
 
@@ -134,7 +143,7 @@ class DeviceSchedule:
         return len(self.ids)
 
     def fits_ever(self, need: int) -> bool:
-        return 1 <= need <= self.size
+        return need >= 1 and (need <= self.size or not self.gpus)
 
     def free_ids(self) -> list[str]:
         """Ids with a free slot, the least loaded first (then pool order)."""
@@ -144,27 +153,32 @@ class DeviceSchedule:
     def has_free_slot(self) -> bool:
         return bool(self.free_ids())
 
+    def fits_now(self, need: int) -> bool:
+        if need > self.size:  # the whole pool, alone
+            return not any(self.busy.values())
+        return need <= len(self.free_ids())
+
     def next_to_start(self, queue: Sequence[Pending]) -> Pending | None:
         """The queued job to start now: the largest that fits the free ids (ties: the earliest)."""
-        free = len(self.free_ids())
-        for job in sorted(queue, key=lambda j: (-j.need, j.index)):
-            if job.need <= free:
-                return job
-        return None
+        by_size = sorted(queue, key=lambda j: (-j.need, j.index))
+        return next((job for job in by_size if self.fits_now(job.need)), None)
 
     def take(self, need: int) -> Taken:
-        """Occupy one slot on each of ``need`` free ids: the ids (in pool order) and their CPU cores."""
-        chosen = self.free_ids()[:need]
-        if len(chosen) < need:
-            raise RuntimeError(f"{need} devices asked for, {len(chosen)} free")
+        """Occupy one slot on each of ``need`` free ids (every slot of the pool for a job larger than
+        it): the ids (in pool order) and their CPU cores."""
+        if not self.fits_now(need):
+            raise RuntimeError(f"{need} devices asked for, {len(self.free_ids())} free")
+        whole = need > self.size
         slots, cores = [], set()
-        for device in chosen:
-            slot = min(set(range(self.jobs_per_device)) - self.busy[device])
-            self.busy[device].add(slot)
-            slots.append((device, slot))
-            number = self.ids.index(device) * self.jobs_per_device + slot
-            cores.update(cpu_share(number, self.size * self.jobs_per_device, self.cores))
-        return Taken(sorted(chosen, key=self.ids.index), sorted(cores), slots)
+        for device in self.ids if whole else self.free_ids()[:need]:
+            free = sorted(set(range(self.jobs_per_device)) - self.busy[device])
+            for slot in free if whole else free[:1]:
+                self.busy[device].add(slot)
+                slots.append((device, slot))
+                number = self.ids.index(device) * self.jobs_per_device + slot
+                cores.update(cpu_share(number, self.size * self.jobs_per_device, self.cores))
+        ids = sorted({device for device, _ in slots}, key=self.ids.index)
+        return Taken(ids, sorted(cores), slots)
 
     def give_back(self, taken: Taken) -> None:
         for device, slot in taken.slots:
@@ -178,28 +192,6 @@ class Taken:
     ids: list[str]
     cores: list[int]
     slots: list[tuple[str, int]]
-
-
-def simulate(needs: Sequence[int], lengths: Sequence[float], schedule: DeviceSchedule) -> list[dict]:
-    """Run the schedule on paper: jobs of known ``needs`` and ``lengths`` (seconds), all queued at
-    time 0. Each job's start, end and ids, in job order; a job that never fits gets None. For tests
-    and for reading the order without starting processes."""
-    queue = [Pending(i, n) for i, n in enumerate(needs) if schedule.fits_ever(n)]
-    result: list[dict | None] = [None] * len(needs)
-    running: list[tuple[float, int, Taken]] = []
-    now = 0.0
-    while queue or running:
-        while (job := schedule.next_to_start(queue)) is not None:
-            queue.remove(job)
-            taken = schedule.take(job.need)
-            running.append((now + lengths[job.index], job.index, taken))
-            result[job.index] = {"start": now, "ids": taken.ids, "cores": taken.cores}
-        running.sort(key=lambda r: r[:2])
-        end, index, taken = running.pop(0)
-        now = end
-        schedule.give_back(taken)
-        result[index]["end"] = end
-    return result
 
 
 # --- the launcher ------------------------------------------------------------------------------------
@@ -243,7 +235,7 @@ def _die_with_parent_and_pin(cores: list[int], parent: int) -> Callable[[], None
         except (OSError, AttributeError):  # not Linux: the job outlives a killed sweep
             pass
         if os.getppid() != parent:  # the sweep died before prctl took effect
-            os._exit(143)
+            os._exit(EXIT_PREEMPTED)
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
 
@@ -307,10 +299,11 @@ class DevicePoolLauncher(Launcher):
         try:
             gpus = visible_gpus()
             ids = pool_ids(self.devices, gpus)
-            schedule = DeviceSchedule(ids, self.jobs_per_device, _usable_cores())
+            # Without GPUs the ids are slot names (and no CUDA_VISIBLE_DEVICES).
+            schedule = DeviceSchedule(ids, self.jobs_per_device, usable_cores(), gpus=gpus is not None)
         except ValueError as error:
-            raise SystemExit(f"litlab: error: {error}") from None
-        gpu_pool = gpus is not None  # else the ids are slot names, and no CUDA_VISIBLE_DEVICES
+            sys.stderr.write(error_line(error) + "\n")
+            raise SystemExit(EXIT_REFUSED) from None
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
         log.info(
             "Launching %s on a pool of %d device%s (%s), %d job%s per device",
@@ -352,7 +345,7 @@ class DevicePoolLauncher(Launcher):
                     chosen = schedule.next_to_start(self._startable(queue))
                     if chosen is None:
                         break
-                    self._start(queue.pop(chosen.index), schedule, gpu_pool)
+                    self._start(queue.pop(chosen.index), schedule)
                 stopping = self._stop_signal is not None
                 if not self._running and (stopping or (not queue and not more)):
                     break
@@ -375,7 +368,7 @@ class DevicePoolLauncher(Launcher):
             for job in queue.values():  # their folders exist: say why they hold no run
                 self._not_started(job, f"the sweep was stopped by {name} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
-            raise SystemExit(128 + signal.SIGTERM)  # what the jobs got: preempted, resumable
+            raise SystemExit(EXIT_PREEMPTED)  # what the jobs got: preempted, resumable
 
     def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
         """Queued jobs that may start: not one whose run identity a running job holds (the same
@@ -404,10 +397,11 @@ class DevicePoolLauncher(Launcher):
 
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
         """The job's folder (its run's, listed in the sweep's folder), .hydra/ and command.sh; the
-        job's JobReturn instead for a job that does not start: too large, a bad value, completed by
-        an earlier run, or its run being trained by another process."""
+        job's JobReturn instead for a job that does not start: larger than a pool of GPUs, on more
+        nodes than one, completed by an earlier run, or its run being trained by another process."""
+        from litlab.config.identity import run_identity
         from litlab.config.rules import device_count
-        from litlab.launch.multirun import JobPlan, child_command, job_config
+        from litlab.launch.multirun import child_command, job_config
         from litlab.run import sweep_record
 
         assert self.hydra_context is not None and self.config is not None
@@ -421,7 +415,7 @@ class DevicePoolLauncher(Launcher):
         need = device_count(devices)
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
             need = 1 if accelerator == "cpu" else schedule.size
-        identity = JobPlan.of(config, list(queued.overrides)).identity
+        identity = run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
         job = _Job(index, config, job_dir, command, need, dict(queued.env), identity)
         refusal = self._refusal(job, task_cfg, schedule)
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
@@ -439,8 +433,7 @@ class DevicePoolLauncher(Launcher):
             from litlab.run.summary import RUNNING_ELSEWHERE
 
             log.warning("job %d not started: %s", index, found)
-            summary = self._failed_summary(job, found).to_dict()
-            summary["status"] = RUNNING_ELSEWHERE
+            summary = self._failed_summary(job, found, RUNNING_ELSEWHERE).to_dict()
             self._record(job, summary, outcome)
             return self._job_return(job, summary)
         self._write_job_files(job, task_cfg)
@@ -448,11 +441,18 @@ class DevicePoolLauncher(Launcher):
         return job
 
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
-        """The sweep's record of a training job (litlab-eval's jobs store no run)."""
+        """The sweep's record of a training job (litlab-eval's jobs store no run), with the pool's own
+        record of it: its ``devices``, ``start`` and ``end`` (UTC), the jobs that ran ``beside`` it and
+        its process's ``command`` (none for a job skipped as completed: another sweep trained it)."""
         from litlab.launch.multirun import record_job
+        from litlab.run.sweep_record import SKIPPED
 
+        pool = None
+        if outcome != SKIPPED:
+            pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": sorted(job.beside)}
+            pool["command"] = shlex.join(job.command)
         if job.identity is not None:
-            record_job(job.config.hydra, job.dir, summary, outcome, note)
+            record_job(job.config.hydra, job.dir, summary, outcome, note, pool)
 
     def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
         """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
@@ -469,10 +469,8 @@ class DevicePoolLauncher(Launcher):
         )
 
     def _refusal(self, job: _Job, task_cfg: DictConfig, schedule: DeviceSchedule) -> str | None:
-        """Why the job cannot start (too large for the pool, a bad value), or None."""
-        from litlab.config.preflight import check_train_config
-        from litlab.config.rules import ConfigError
-
+        """Why the job cannot start on this pool (more nodes than one, more GPUs than it has), or
+        None; its sweeper checked its config when it planned it."""
         devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
         nodes = OmegaConf.select(task_cfg, "trainer.num_nodes", default=1)
         if isinstance(nodes, int) and nodes > 1:
@@ -482,11 +480,6 @@ class DevicePoolLauncher(Launcher):
                 f"the job needs {job.need} devices (trainer.devices={devices}) and the pool has "
                 f"{schedule.size} ({','.join(schedule.ids)}): set hydra.launcher.devices"
             )
-        if task_cfg.get("task_name") == "train":  # a bad value: a failed row at once, no process
-            try:
-                check_train_config(job.config, list(job.config.hydra.overrides.task))
-            except ConfigError as error:
-                return str(error)
         return None
 
     def _entry_module(self) -> str:
@@ -508,12 +501,12 @@ class DevicePoolLauncher(Launcher):
     @staticmethod
     def _found_in_storage(task_cfg: DictConfig, hydra_cfg: DictConfig) -> tuple[str, Any] | None:
         """What the job's own process would find and stop at (local storage, resume=auto): its run
-        completed with the user's code as it is now (``SKIPPED``, the stored summary), or another
-        process holds the run's lock (``ELSEWHERE``, why)."""
-        from litlab.config.identity import code_version, run_identity
+        completed with the user's code as it is now (``SKIPPED``, the stored summary: the read-only
+        half of the job's own resume decision), or another process holds the run's lock
+        (``ELSEWHERE``, why)."""
+        from litlab.config.identity import found_in_storage, run_identity
         from litlab.run.sweep_record import ELSEWHERE, SKIPPED
         from litlab.storage.lock import held_by_another, refusal
-        from litlab.storage.resume import completed_summary
         from litlab.storage.roots import RunStorage
 
         if task_cfg.get("task_name") != "train":  # litlab-eval's jobs store no run
@@ -521,27 +514,15 @@ class DevicePoolLauncher(Launcher):
         root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "")
         if str(task_cfg.get("resume")) != "auto" or "://" in root.removeprefix("file://") or not root:
             return None
-        if OmegaConf.select(task_cfg, "trainer.fast_dev_run", default=False):
-            return None
         storage = RunStorage(root.removeprefix("file://"), run_identity(task_cfg))
         holder = held_by_another(storage)
         if holder is not None:
             return ELSEWHERE, refusal(storage, holder)
-        completed = completed_summary(storage, code_version(task_cfg, hydra_cfg).record())
+        found = found_in_storage(task_cfg, hydra_cfg)  # None for a debug run: it always trains
+        completed = found.completed_summary if found is not None else None
         return (SKIPPED, completed) if completed is not None else None
 
-    def _sweep_record(self, job: _Job) -> dict[str, Any]:
-        return {
-            "dir": str(job.config.hydra.sweep.dir),
-            "job_num": job.index,
-            "devices": job.devices,
-            "start": job.start,
-            "end": job.end,
-            "beside": sorted(job.beside),
-            "command": shlex.join(job.command),
-        }
-
-    def _start(self, job: _Job, schedule: DeviceSchedule, gpu_pool: bool) -> None:
+    def _start(self, job: _Job, schedule: DeviceSchedule) -> None:
         from litlab.run.summary import SWEEP_JOB_ENV, now
 
         job.taken = schedule.take(job.need)
@@ -551,14 +532,15 @@ class DevicePoolLauncher(Launcher):
             other.beside.add(job.index)
             job.beside.add(other.index)
         env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
-        env[SWEEP_JOB_ENV] = json.dumps(self._sweep_record(job))
+        # The run's place in the sweep (its summary's ``sweep``); the rest is the pool's record.
+        env[SWEEP_JOB_ENV] = json.dumps({"dir": str(job.config.hydra.sweep.dir), "job_num": job.index})
         # Torch's threads: the job's cores, split between its ranks (each rank is a process); never
         # more than an OMP_NUM_THREADS the sweep was given.
         threads = max(1, len(job.cores) // max(1, job.need))
         if os.environ.get("OMP_NUM_THREADS", "").isdigit():
             threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
         env["OMP_NUM_THREADS"] = str(threads)
-        if gpu_pool:
+        if schedule.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
         job.output = open(job.dir / "output.log", "ab")  # noqa: SIM115  (closed when the job ends)
         job.process = subprocess.Popen(
@@ -576,62 +558,45 @@ class DevicePoolLauncher(Launcher):
             "job %d started on device(s) %s, cores %s: %s",
             job.index,
             ",".join(job.devices),
-            _ranges(job.cores),
+            ",".join(map(str, job.cores)),
             job.dir / "output.log",
         )
 
     def _finish(self, job: _Job) -> JobReturn:
-        """The job ended: its summary.json gets the sweep's record (and a failure the process could
-        not write itself); the JobReturn with its optimized_metric."""
-        from litlab.launch.multirun import describe_exit
+        """The job ended: a failure its process could not write itself goes into its summary.json
+        (``multirun.record_failure``), the summary and the pool's record into the sweep's record;
+        the JobReturn with its optimized_metric."""
+        from litlab.launch.multirun import describe_exit, record_failure
         from litlab.run import sweep_record
-        from litlab.run.summary import COMPLETED, FAILED
+        from litlab.run.summary import FAILED
 
         assert job.process is not None and job.output is not None
         job.output.close()
         job.end = _utc_now()
         returncode = job.process.returncode
-        path = job.dir / "summary.json"
-        stored = json.loads(path.read_text()) if path.is_file() else None
-        if stored is None and returncode == 0:  # an entry point that writes no summary (litlab-eval)
-            return self._job_return(job, {})
-        if stored is None:
+        output = job.dir / "output.log"
+        if returncode != 0:
             HydraConfig.instance().set_config(job.config)
-            error = _error_line(job.dir / "output.log") or (
-                f"the job's process {describe_exit(returncode)} (see {job.dir / 'output.log'})"
-            )
-            stored = self._failed_summary(job, error).to_dict()
-        elif returncode != 0 and stored.get("status") == COMPLETED:
-            stored["status"], stored["error"] = FAILED, f"the job's process {describe_exit(returncode)}"
-        stored["sweep"] = {**(stored.get("sweep") or {}), **self._sweep_record(job)}
-        path.write_text(json.dumps(stored, indent=2, default=str) + "\n")
-        self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
-        status = stored.get("status")
-        took = time.monotonic() - job.start_s
+            error = _error_line(output) or f"the job's process {describe_exit(returncode)} (see {output})"
+            record_failure(self._task_config(job.config), job.dir, error)
+        path = job.dir / "summary.json"
+        stored = json.loads(path.read_text()) if path.is_file() else {}  # litlab-eval's jobs write none
+        if stored:
+            self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
+        status, took = stored.get("status"), time.monotonic() - job.start_s
         if status != FAILED:  # completed, interrupted (a signal), or an entry point's own outcome
             log.info("job %d %s in %.1f s", job.index, status or "ended", took)
         else:
-            log.error(
-                "job %d %s after %.1f s: %s (%s)",
-                job.index,
-                status,
-                took,
-                stored.get("error"),
-                job.dir / "output.log",
-            )
+            log.error("job %d %s after %.1f s: %s (%s)", job.index, status, took, stored.get("error"), output)
         return self._job_return(job, stored)
 
-    def _failed_summary(self, job: _Job, error: str) -> Any:
-        from litlab.run.summary import FAILED, Summary
+    def _failed_summary(self, job: _Job, error: str, status: str) -> Any:
+        from litlab.run.summary import Summary
 
-        return Summary.of_config(
-            self._task_config(job.config),
-            FAILED,
-            error,
-            run_dir=job.dir,
-            choices=dict(job.config.hydra.runtime.choices),
-            overrides=typed_overrides(job.config.hydra.overrides.task),
-            sweep=self._sweep_record(job),
+        place = {"dir": str(job.config.hydra.sweep.dir), "job_num": job.index}
+        config = self._task_config(job.config)
+        return Summary.failed(
+            config, error, run_dir=job.dir, hydra=job.config.hydra, status=status, sweep=place
         )
 
     def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
@@ -639,8 +604,7 @@ class DevicePoolLauncher(Launcher):
 
         log.error("job %d not started: %s", job.index, error)
         HydraConfig.instance().set_config(job.config)
-        summary = self._failed_summary(job, error)
-        summary.status = status
+        summary = self._failed_summary(job, error, status)
         summary.write(job.dir / "summary.json")
         self._record(job, summary.to_dict(), NOT_STARTED)
         return self._job_return(job, summary.to_dict())
@@ -662,28 +626,10 @@ class DevicePoolLauncher(Launcher):
 
 def _error_line(output: Path) -> str | None:
     """The one-line error a litlab command printed last (``litlab: error: ...``), without its prefix:
-    why a job's process stopped before it could write a summary (a bad value the preflight found)."""
-    prefix = "litlab: error: "
+    why a job's process stopped before it could write a summary (a storage root it cannot use)."""
     try:
         lines = output.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    errors = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)]
+    errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
     return errors[-1] if errors else None
-
-
-def _usable_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def _ranges(cores: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    runs: list[list[int]] = []
-    for core in sorted(cores):
-        if runs and runs[-1][-1] == core - 1:
-            runs[-1].append(core)
-        else:
-            runs.append([core])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -4,8 +4,9 @@
 imports Optuna only when a search starts. A trial is asked for whenever the pool has a free slot; the
 study lives in Optuna RDB storage, named by the command (``study_name_of``), so the same command
 continues it, on one machine or many; a trial whose heartbeat stopped is retried with its parameters,
-and no more than ``n_trials`` are spent. The best trial is written to ``<sweep dir>/best_trial.yaml``.
-What it guarantees and how: docs/sweeps.md.
+and no more than ``n_trials`` are spent. A database that stops answering is waited for, up to
+``storage_outage_s``; past that the sweep stops its trials at a checkpoint and ends in one line. The
+best trial is written to ``<sweep dir>/best_trial.yaml``. What it guarantees and how: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shlex
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,16 +37,26 @@ from hydra.core.override_parser.types import (
     RangeSweep,
     Transformer,
 )
-from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.utils import JobReturn
+from omegaconf import OmegaConf
 
 from litlab.config.identity import NOT_SETTINGS
-from litlab.config.pruners import TRIAL_ENV, check_pruner, make_pruner, quiet_optuna
+from litlab.config.pruners import (
+    TRIAL_ENV,
+    check_pruner,
+    database_error,
+    engine_kwargs,
+    make_pruner,
+    quiet_optuna,
+)
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
+from litlab.errors import EXIT_FAILED, error_chain, error_line
 from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
 from litlab.launch.pool import QueuedJob
 from litlab.run import sweep_record
+from litlab.run.summary import finite
+from litlab.storage.roots import write_text_atomic
 
 if TYPE_CHECKING:
     import optuna
@@ -206,11 +218,12 @@ def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
     return storage
 
 
-def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
-    """The study's RDB storage, with heartbeats and retries of stale trials. Workers of one search
-    started at the same moment (a job array) race to create Optuna's tables in a new database; the
-    losers' CREATE fails on what the winner made, and their next try finds the tables there. A
-    database that cannot be reached is one line naming the URL (without its password)."""
+def open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: float) -> Any:
+    """The study's RDB storage, with heartbeats and retries of stale trials. A trial is stale once
+    silent for two heartbeats plus ``outage_s``: a sweep that waits out an outage keeps its trials.
+    Workers of one search started at the same moment (a job array) race to create Optuna's tables in
+    a new database; the losers' CREATE fails on what the winner made, and their next try finds the
+    tables there. A database that cannot be reached is one line naming the URL (without its password)."""
     import random
 
     import optuna
@@ -220,8 +233,9 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
         try:
             return optuna.storages.RDBStorage(
                 url,
-                engine_kwargs={"pool_pre_ping": True},
+                engine_kwargs=engine_kwargs(url),
                 heartbeat_interval=heartbeat_interval,
+                grace_period=int(2 * heartbeat_interval + outage_s),
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=max_retry
                 ),
@@ -231,11 +245,36 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int) -> Any:
                 raise
             time.sleep(random.uniform(0.2, 1.0))  # another worker is creating the tables
         except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as error:
-            reason = " ".join(str(error).split("\n")[0].split())
             raise ConfigError(
-                f"hydra.sweeper.storage: cannot open the study's database {redact_text(url)}: {reason}"
+                f"hydra.sweeper.storage: cannot open the study's database {redact_text(url)}: "
+                f"{database_error(error)}"
             ) from None
     raise AssertionError("unreachable")
+
+
+class StorageOutage(Exception):
+    """The study's database did not answer for ``storage_outage_s``: the sweep ends in one line."""
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` (Optuna's StorageInternalError, whatever it says) means the database did not
+    answer: a refused or broken connection, a server restarting, SQLite's file locked."""
+    import sqlalchemy.exc
+
+    lost = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+    return any(isinstance(cause, lost) for cause in error_chain(error))
+
+
+def database_address(url: str) -> str:
+    """Where a study's database is, for a message: ``host:port`` (never the user or password), or
+    SQLite's file."""
+    import sqlalchemy.engine
+
+    parsed = sqlalchemy.engine.make_url(url)
+    if not parsed.host:
+        return str(parsed.database)
+    port = parsed.port or {"postgresql": 5432, "mysql": 3306}.get(parsed.get_backend_name())
+    return f"{parsed.host}:{port}" if port else parsed.host
 
 
 # --- the budget ----------------------------------------------------------------------------------
@@ -254,21 +293,15 @@ class Budget:
         return self.spent >= n_trials
 
 
-def retried_numbers(trials: Sequence[optuna.trial.FrozenTrial]) -> set[int]:
-    """Numbers of failed trials that a later trial retries (heartbeat-stale, or interrupted)."""
-    numbers: set[int] = set()
-    for trial in trials:  # RetryHeartbeatStaleTrialCallback.retry_history, without its warning
-        numbers.update(trial.system_attrs.get("retry_history", []))
-    return numbers
-
-
-def budget_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Budget:
+def budget_of(trials: Sequence[optuna.trial.FrozenTrial], below: int | None = None) -> Budget:
+    """The study's budget; with ``below``, of the trials numbered lower only."""
     from optuna.trial import TrialState
 
-    retried = retried_numbers(trials)
+    # Failed trials that a later trial retries: RetryFailedTrialCallback.retry_history, without its warning.
+    retried = {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
     spent = running = waiting = 0
     for trial in trials:
-        if trial.user_attrs.get(UNUSED_ATTR):
+        if trial.user_attrs.get(UNUSED_ATTR) or (below is not None and trial.number >= below):
             continue
         if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             spent += 1
@@ -284,21 +317,10 @@ def budget_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Budget:
 def within_budget(trials: Sequence[optuna.trial.FrozenTrial], number: int, n_trials: int) -> bool:
     """Whether trial ``number`` (just asked for) fits in ``n_trials``: the spent and running trials
     with lower numbers come first. Two workers that asked at once agree on which one is over."""
-    from optuna.trial import TrialState
-
-    retried = retried_numbers(trials)
-    ahead = 0
-    for trial in trials:
-        if trial.number >= number or trial.user_attrs.get(UNUSED_ATTR):
-            continue
-        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) or (
-            trial.state == TrialState.FAIL and trial.number not in retried
-        ):
-            ahead += 1
-    return ahead < n_trials
+    return budget_of(trials, below=number).can_ask(n_trials)
 
 
-# --- samplers and pruners ------------------------------------------------------------------------
+# --- samplers ------------------------------------------------------------------------------------
 
 
 def worker_seed(seed: int | None) -> int | None:
@@ -330,7 +352,10 @@ def make_sampler(sampler: dict[str, Any]) -> Any:
 
 
 class OptunaSearch(PlanningSweeper):
-    """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring)."""
+    """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring). While it runs, it
+    asks (``next_job``) and tells (``on_done``) from the pool's loop, keeps the budget, and records
+    the heartbeats of its running trials from a thread of its own; every call on the study's
+    database goes through ``_db``, which waits out an outage."""
 
     def __init__(
         self,
@@ -345,6 +370,7 @@ class OptunaSearch(PlanningSweeper):
         enqueue: Sequence[str] | None = None,
         heartbeat_interval: int = 60,
         max_retry: int = 3,
+        storage_outage_s: float = 60,
         n_jobs: int = 1,
     ) -> None:
         self.params = dict(params or {})
@@ -358,11 +384,26 @@ class OptunaSearch(PlanningSweeper):
         self.enqueue = list(enqueue or [])
         self.heartbeat_interval = int(heartbeat_interval)
         self.max_retry = int(max_retry)
+        self.storage_outage_s = float(storage_outage_s)
         self.n_jobs = int(n_jobs)
         self.plans: list[JobPlan] = []  # this sweep's trials so far: none may share another's folder
+        self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
+        self.returns: list[JobReturn] = []  # one per job, in the order they ended
+        self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
+        self.down_since: float | None = None  # when the study's database stopped answering
+        self.outage: StorageOutage | None = None  # it did not answer for storage_outage_s
+
+    def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return super().sweep(arguments)
+        except StorageOutage as outage:
+            sys.stderr.write(error_line(outage) + "\n")
+            raise SystemExit(EXIT_FAILED) from None
 
     def run(self, arguments: list[str]) -> list[JobReturn]:
-        """The search; bad settings or a database out of reach raise ConfigError (one line, exit 2)."""
+        """The search. Bad settings, or a database out of reach at the start, raise ConfigError (one
+        line, exit 2); a database that stops answering for ``storage_outage_s`` while it runs,
+        StorageOutage (one line, exit 1)."""
         import optuna
 
         cfg = self.config
@@ -371,75 +412,57 @@ class OptunaSearch(PlanningSweeper):
         if self.n_trials < 1:
             raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
         check_pruner(self.pruner_name)
-        space = search_space(self.params, arguments)
+        self.space = space = search_space(self.params, arguments)
         if not space.distributions:
             raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
         enqueued = parse_enqueued(self.enqueue)
         self._check_space(space)
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
-        url = storage_url(self.storage, str(cfg.storage.root), name)
+        self.url = url = storage_url(self.storage, str(cfg.storage.root), name)
+        self.where = database_address(url)
         quiet_optuna()
-        sampler = make_sampler(self.sampler_spec)
-        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": _max_epochs(cfg)}
-        pruner = make_pruner(pruner_spec)
-        storage = open_storage(url, self.heartbeat_interval, self.max_retry)
-        study = optuna.create_study(
+        max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
+        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
+        self.study = optuna.create_study(
             study_name=name,
-            storage=storage,
-            sampler=sampler,
-            pruner=pruner,
+            storage=open_storage(url, self.heartbeat_interval, self.max_retry, self.storage_outage_s),
+            sampler=make_sampler(self.sampler_spec),
+            pruner=make_pruner(pruner_spec),
             direction=self.direction,
             load_if_exists=True,
         )
-        if enqueued and not study.get_trials(deepcopy=False):  # the worker that found the study empty
+        if enqueued and not self.study.get_trials(deepcopy=False):  # the worker that found it empty
             for params in enqueued:
-                study.enqueue_trial(params)
-        sweep_dir = Path(cfg.hydra.sweep.dir)
-        sweep_record.start(sweep_dir, [*(f"{k}={v}" for k, v in self.params.items()), *arguments])
-        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
-        trials = _Trials(
-            study,
-            space,
-            self.check_composes,
-            self.n_trials,
-            env={"storage": url, "study": name, "pruner": pruner_spec},
-            sweep_dir=sweep_dir,
-            metric=str(cfg.optimized_metric),
-        )
-        budget = trials.budget()  # a dead sweep's trials are failed (and retried) first
+                self.study.enqueue_trial(params)
+        self.sweep_dir = Path(cfg.hydra.sweep.dir)
+        sweep_record.start(self.sweep_dir, [*(f"{k}={v}" for k, v in self.params.items()), *arguments])
+        OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
+        self.trial_env = {"storage": url, "study": name, "pruner": pruner_spec}
+        self.metric = str(cfg.optimized_metric)
+        budget = self.budget()  # a dead sweep's trials are failed (and retried) first
         log.info(
-            "Optuna study %s in %s: %d of %d trials spent, %d running in other sweeps; sampler %s, pruner %s",
-            name,
-            redact_text(url),
-            budget.spent,
-            self.n_trials,
-            budget.running,
-            self.sampler_spec.get("name", "tpe"),
-            self.pruner_name,
+            f"Optuna study {name} in {redact_text(url)}: {budget.spent} of {self.n_trials} trials spent, "
+            f"{budget.running} running in other sweeps; sampler {self.sampler_spec.get('name', 'tpe')}, "
+            f"pruner {self.pruner_name}"
         )
         if budget.done(self.n_trials):
             log.warning(
-                "study %s already has its %d trials (%d spent), so nothing is left to run; the report "
-                "and %s are the study's. To search on: hydra.sweeper.n_trials=%d (or more); to start "
-                "another study: hydra.sweeper.study_name=<name>",
-                name,
-                self.n_trials,
-                budget.spent,
-                BEST_TRIAL_FILE,
-                budget.spent + self.n_trials,
+                f"study {name} already has its {self.n_trials} trials ({budget.spent} spent), so nothing "
+                f"is left to run; the report and {BEST_TRIAL_FILE} are the study's. To search on: "
+                f"hydra.sweeper.n_trials={budget.spent + self.n_trials} (or more); to start another "
+                "study: hydra.sweeper.study_name=<name>"
             )
-            record_study(study, sweep_dir)
-        heartbeat = _Heartbeat(trials, self.heartbeat_interval)
+            record_study(self.study, self.sweep_dir)
+        stopped = threading.Event()
+        heartbeat = threading.Thread(target=self._beat, args=(stopped,), name="optuna-heartbeat", daemon=True)
         heartbeat.start()
         try:
-            if hasattr(self.launcher, "run_queue"):
-                self._run_async(trials)
-            else:
-                self._run_batches(trials)
+            self._run_async() if hasattr(self.launcher, "run_queue") else self._run_batches()
         finally:
-            heartbeat.stop()
-        write_best_trial(study, sweep_dir / BEST_TRIAL_FILE, space, url, self.n_trials)
-        return trials.returns
+            stopped.set()
+            heartbeat.join(timeout=10)
+        self._db(self._write_best_trial, final=True)
+        return self.returns
 
     def check_composes(self, overrides: list[str]) -> None:
         """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
@@ -462,34 +485,46 @@ class OptunaSearch(PlanningSweeper):
         """Before any trial: every choice of every categorical parameter composes, and trials at the
         two ends of the space get folders of their own (a fixed ``run_name`` or ``hydra.run.dir`` is
         refused)."""
-        points = [{name: _end_of(dist, end) for name, dist in space.distributions.items()} for end in (0, -1)]
+        ends = {
+            name: d.choices if hasattr(d, "choices") else (d.low, d.high)
+            for name, d in space.distributions.items()
+        }
+        points = [{name: values[end] for name, values in ends.items()} for end in (0, -1)]
         for name, distribution in space.distributions.items():
             points += [{name: choice} for choice in getattr(distribution, "choices", ())]
         for params in points:
             self.check_composes([*space.fixed, *trial_overrides(params)])
         self.plans.clear()  # what they checked; the trials are checked against each other
 
-    def _run_async(self, trials: _Trials) -> None:
+    def _run_async(self) -> None:
         """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
         by other workers' trials, wait for them (a dead worker's trials turn stale and come back as
-        retries) until the study has n_trials spent."""
+        retries) until the study has n_trials spent. After an outage the pool has stopped every job,
+        as on SIGTERM."""
         while True:
-            self.launcher.run_queue(trials.next_job, trials.on_done, first_index=trials.next_index)
-            if trials.finished_waiting():
+            try:
+                # Job numbers go on from the last run_queue's: every job it was given has ended.
+                self.launcher.run_queue(self.next_job, self.on_done, first_index=len(self.returns))
+            except SystemExit:
+                if self.outage is None:
+                    raise
+            if self.outage is not None:
+                raise self.outage
+            if self.finished_waiting():
                 return
 
-    def _run_batches(self, trials: _Trials) -> None:
+    def _run_batches(self) -> None:
         """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials."""
         job_idx = 0
         while True:
             batch = []
             for _ in range(max(1, self.n_jobs)):
-                job = trials.next_job(job_idx + len(batch))
+                job = self.next_job(job_idx + len(batch))
                 if job is None:
                     break
                 batch.append(job)
             if not batch:
-                if trials.finished_waiting():
+                if self.finished_waiting():
                     return
                 continue
             overrides = [
@@ -498,106 +533,91 @@ class OptunaSearch(PlanningSweeper):
             ]
             returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
             for offset, job_return in enumerate(returns):
-                trials.on_done(job_idx + offset, job_return)
+                self.on_done(job_idx + offset, job_return)
+            if self.outage is not None:
+                raise self.outage
             job_idx += len(batch)
 
+    # --- the study's database, and the trials of this worker --------------------------------------
 
-def _end_of(distribution: Any, end: int) -> Any:
-    """The first (``end=0``) or last (-1) value of a distribution: a choice, or a bound."""
-    choices = getattr(distribution, "choices", None)
-    if choices is not None:
-        return choices[end]
-    return distribution.low if end == 0 else distribution.high
-
-
-def record_study(study: optuna.Study, sweep_dir: Path) -> None:
-    """The sweep's record of a study that was complete before it started: each of its trials, as
-    skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
-    for trial in study.get_trials(deepcopy=False):
-        folder = trial.user_attrs.get("job_dir")
-        summary = _job_summary(JobReturn(), Path(folder)) if folder else {}
-        if summary and not trial.user_attrs.get(UNUSED_ATTR):
-            note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
-            run_dir = Path(summary.get("run_dir") or folder)
-            overrides = summary.get("overrides") or []
-            sweep_record.write_job(
-                sweep_dir,
-                trial.number,
-                sweep_record.SKIPPED,
-                summary,
-                run_dir=run_dir,
-                overrides=overrides,
-                note=note,
-            )
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _max_epochs(cfg: DictConfig) -> int | None:
-    value = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-class _Trials:
-    """The trials of one worker: asks (``next_job``), tells (``on_done``), keeps the budget."""
-
-    def __init__(
-        self,
-        study: optuna.Study,
-        space: SearchSpace,
-        check_composes: Callable[[list[str]], None],
-        n_trials: int,
-        env: dict[str, Any],
-        sweep_dir: Path,
-        metric: str,
-    ) -> None:
-        self.study = study
-        self.space = space
-        self.check_composes = check_composes
-        self.n_trials = n_trials
-        self.env = env
-        self.sweep_dir = sweep_dir
-        self.metric = metric
-        self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
-        self.next_index = 0  # the sweep's next job number (job folders <sweep dir>/<job number>)
-        self.returns: list[JobReturn] = []
-        self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
+    def _db(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` on the study's database. While the database does not answer (a restart, a
+        failover, a network blip) it is tried again each second, for up to ``storage_outage_s`` from
+        the first failure; past that the running trials are stopped at a checkpoint and StorageOutage
+        is raised, then and by every later call."""
+        with self.lock:
+            while self.outage is None:
+                try:
+                    result = call(*args, **kwargs)
+                except Exception as error:
+                    if not connection_lost(error):
+                        raise
+                    now, reason = time.monotonic(), database_error(error)
+                    if self.down_since is None:
+                        self.down_since = now
+                        log.warning(
+                            f"the study's database {self.where} does not answer ({reason}): trying again "
+                            f"for up to {self.storage_outage_s:.0f} s (hydra.sweeper.storage_outage_s)"
+                        )
+                    if now - self.down_since < self.storage_outage_s:
+                        time.sleep(1.0)
+                        continue
+                    self.outage = StorageOutage(
+                        f"the study's database {self.where} did not answer for {self.storage_outage_s:.0f} s "
+                        f"(hydra.sweeper.storage_outage_s; {reason}), so the sweep stopped its running "
+                        "trials at a checkpoint: run the same command once the database is back, and the "
+                        "study continues where it stopped (the stopped trials resume)"
+                    )
+                    if self.running and hasattr(self.launcher, "run_queue"):
+                        os.kill(os.getpid(), signal.SIGTERM)  # the pool stops its jobs as on a preemption
+                    break
+                if self.down_since is not None:
+                    took = time.monotonic() - self.down_since
+                    log.info(f"the study's database {self.where} answers again after {took:.0f} s")
+                    self.down_since = None
+                return result
+            raise self.outage
 
     def budget(self) -> Budget:
         import optuna
 
-        optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials, failed and retried
-        return budget_of(self.study.get_trials(deepcopy=False))
+        def read() -> Budget:
+            optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials, failed and retried
+            return budget_of(self.study.get_trials(deepcopy=False))
 
-    def next_job(self, job_idx: int) -> Any:
+        return self._db(read)
+
+    def next_job(self, job_idx: int) -> QueuedJob | None:
         """The next trial as a job, or None while the budget is spent or held by running trials."""
+        with self.lock:
+            try:
+                return self._ask(job_idx)
+            except StorageOutage:
+                return None
+
+    def _ask(self, job_idx: int) -> QueuedJob | None:
         import optuna
 
-        with self.lock:
-            if not self.budget().can_ask(self.n_trials):
-                return None
-            trial = self.study.ask(self.space.distributions)
-            self.record_heartbeat(trial)
-            trials = self.study.get_trials(deepcopy=False)
-            if not within_budget(trials, trial.number, self.n_trials):
-                self._give_back(trial, trials)
-                return None
-            job_dir = self.sweep_dir / str(job_idx)
-            trial.set_user_attr("job_dir", str(job_dir))
-            trial.set_user_attr("host", socket.gethostname())
-            overrides = [*self.space.fixed, *trial_overrides(trial.params)]
-            try:
-                self.check_composes(overrides)
-            except ConfigError:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            self.running[job_idx] = trial
-            log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
-            env = {TRIAL_ENV: json.dumps({**self.env, "trial": trial.number})}
-            self.next_index = max(self.next_index, job_idx + 1)
-            return QueuedJob(overrides=overrides, env=env)
+        if not self.budget().can_ask(self.n_trials):
+            return None
+        trial = self._db(self.study.ask, self.space.distributions)
+        self._db(self.study._storage.record_heartbeat, trial._trial_id)
+        trials = self._db(self.study.get_trials, deepcopy=False)
+        if not within_budget(trials, trial.number, self.n_trials):
+            self._db(self._give_back, trial, trials)
+            return None
+        self._db(trial.set_user_attr, "job_dir", str(self.sweep_dir / str(job_idx)))
+        self._db(trial.set_user_attr, "host", socket.gethostname())
+        overrides = [*self.space.fixed, *trial_overrides(trial.params)]
+        try:
+            self.check_composes(overrides)
+        except ConfigError:
+            self._db(self.study.tell, trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        self.running[job_idx] = trial
+        log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
+        env = {TRIAL_ENV: json.dumps({**self.trial_env, "trial": trial.number})}
+        return QueuedJob(overrides=overrides, env=env)
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
         """Another worker asked at the same moment and this trial is over the budget: mark it unused;
@@ -606,7 +626,7 @@ class _Trials:
 
         frozen = next(t for t in trials if t.number == trial.number)
         trial.set_user_attr(UNUSED_ATTR, True)
-        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         if "fixed_params" in frozen.system_attrs or "failed_trial" in frozen.system_attrs:
             self.study.add_trial(
                 optuna.trial.create_trial(
@@ -618,99 +638,107 @@ class _Trials:
             )
 
     def on_done(self, job_idx: int, job_return: JobReturn) -> None:
-        """Tell the study how the trial of ``job_idx`` ended (summary.json's status)."""
-        import optuna
-        from optuna.trial import TrialState
-
+        """Tell the study how the trial of ``job_idx`` ended (summary.json's status). After an outage
+        it stays running in the study: the same command retries it, from its checkpoint."""
         with self.lock:
             trial = self.running.pop(job_idx)
             self.returns.append(job_return)
-            summary = _job_summary(job_return, self.sweep_dir / str(job_idx))
-            status = summary.get("status")
-            value = (summary.get("metrics") or {}).get(self.metric)
-            if status == "completed" and _finite(value):
-                self.study.tell(trial, float(value))
-                log.info("trial %d: %s = %.4g", trial.number, self.metric, value)
-                write_best_trial_quietly(self)
-            elif status == "pruned":
-                self.study.tell(trial, state=TrialState.PRUNED)
-                log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
-            elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
-                self.study.tell(trial, state=TrialState.FAIL)
-                frozen = self.study._storage.get_trial(trial._trial_id)
-                optuna.storages.RetryHeartbeatStaleTrialCallback()(self.study, frozen)
-                log.warning("trial %d interrupted: the same command retries it", trial.number)
-            else:
-                self.study.tell(trial, state=TrialState.FAIL)
-                why = summary.get("error") or (
-                    f"{self.metric} was not logged" if status == "completed" else "no summary.json"
-                )
-                log.warning("trial %d failed: %s", trial.number, why)
+            summary = _summary_in(Path(job_return.working_dir or self.sweep_dir / str(job_idx)))
+            try:
+                self._db(self._tell, trial, summary)
+            except StorageOutage:
+                log.warning("trial %d not told: the study's database does not answer", trial.number)
 
-    def record_heartbeat(self, trial: Any) -> None:
-        self.study._storage.record_heartbeat(trial._trial_id)
+    def _tell(self, trial: Any, summary: dict[str, Any]) -> None:
+        """One trial told once: tried again after an outage, a tell that got through is skipped."""
+        import optuna
+        from optuna.trial import TrialState
 
-    def beat(self) -> None:
-        with self.lock:
-            for trial in self.running.values():
-                self.record_heartbeat(trial)
+        status = summary.get("status")
+        value = (summary.get("metrics") or {}).get(self.metric)
+        if status == "completed" and finite(value):
+            self.study.tell(trial, float(value), skip_if_finished=True)
+            log.info("trial %d: %s = %.4g", trial.number, self.metric, value)
+            self._write_best_trial()
+        elif status == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
+        elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            frozen = self.study._storage.get_trial(trial._trial_id)
+            optuna.storages.RetryHeartbeatStaleTrialCallback()(self.study, frozen)
+            log.warning("trial %d interrupted: the same command retries it", trial.number)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            why = summary.get("error") or (
+                f"{self.metric} was not logged" if status == "completed" else "no summary.json"
+            )
+            log.warning("trial %d failed: %s", trial.number, why)
+
+    def _beat(self, stopped: threading.Event) -> None:
+        """Records the heartbeats of this worker's running trials every ``heartbeat_interval``
+        seconds, until the search ends or its database stays out of reach too long."""
+        while not stopped.wait(self.heartbeat_interval):
+            with self.lock:
+                try:
+                    for trial in self.running.values():
+                        self._db(self.study._storage.record_heartbeat, trial._trial_id)
+                except StorageOutage:
+                    return
 
     def finished_waiting(self) -> bool:
         """After this worker's queue ran dry: True when the study is done; otherwise wait until a
         trial can be asked again (a running trial elsewhere failed or went stale) and return False."""
         while True:
-            with self.lock:
-                budget = self.budget()
+            budget = self.budget()
             if budget.done(self.n_trials):
                 return True
             if budget.can_ask(self.n_trials):
                 return False
             time.sleep(WAIT_FOR_OTHERS_S)
 
+    def _write_best_trial(self, final: bool = False) -> None:
+        """best_trial.yaml: after every completed trial, so a long search shows its best so far, and
+        at the end of the search, which says what it holds."""
+        record = best_trial_record(self.study, self.space, self.url, self.n_trials)
+        path = self.sweep_dir / BEST_TRIAL_FILE
+        if record is not None:
+            write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(record)))
+        if final and record is None:
+            log.warning("no trial of study %s completed: no %s", self.study.study_name, path.name)
+        elif final:
+            log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+
+def record_study(study: optuna.Study, sweep_dir: Path) -> None:
+    """The sweep's record of a study that was complete before it started: each of its trials, as
+    skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
+    for trial in study.get_trials(deepcopy=False):
+        folder = trial.user_attrs.get("job_dir")
+        summary = _summary_in(Path(folder)) if folder else {}
+        if summary and not trial.user_attrs.get(UNUSED_ATTR):
+            note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
+            sweep_record.write_job(
+                sweep_dir,
+                trial.number,
+                sweep_record.SKIPPED,
+                summary,
+                run_dir=Path(summary.get("run_dir") or folder),
+                overrides=summary.get("overrides") or [],
+                note=note,
+            )
 
 
-def _job_summary(job_return: JobReturn, default_dir: Path) -> dict[str, Any]:
+def _summary_in(folder: Path) -> dict[str, Any]:
     """The job's summary.json ({} when it has none: it died before writing one)."""
-    candidates = [default_dir]
-    if job_return.working_dir:
-        candidates.insert(0, Path(job_return.working_dir))
-    for folder in candidates:
-        path = folder / "summary.json"
-        if path.is_file():
-            try:
-                return json.loads(path.read_text())
-            except (OSError, ValueError):
-                return {}
-    if job_return.status == JobStatus.COMPLETED and _finite(job_return.return_value):
-        return {"status": "completed", "metrics": {}}
-    return {}
+    try:
+        return json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-class _Heartbeat:
-    """Records a heartbeat for this worker's running trials every ``interval`` seconds."""
-
-    def __init__(self, trials: _Trials, interval: int) -> None:
-        self.trials = trials
-        self.interval = interval
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="optuna-heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            try:
-                self.trials.beat()
-            except Exception as error:  # a database hiccup: the next beat tries again
-                log.warning("Optuna heartbeat not recorded: %s", error)
+def _quoted(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # --- the best trial ------------------------------------------------------------------------------
@@ -724,8 +752,7 @@ def best_trial_record(
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    completed = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not completed:
+    if not any(t.state == TrialState.COMPLETE for t in trials):
         return None
     best = study.best_trial
     fixed = [a for a in space.fixed if not a.startswith(_SEARCH_ONLY) and not a.startswith("hydra.")]
@@ -748,24 +775,3 @@ def best_trial_record(
 
 def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, bool, type(None))) else str(value)
-
-
-def write_best_trial(study: optuna.Study, path: Path, space: SearchSpace, url: str, n_trials: int) -> None:
-    record = best_trial_record(study, space, url, n_trials)
-    if record is None:
-        log.warning("no trial of study %s completed: no %s", study.study_name, path.name)
-        return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(record)))
-    os.replace(tmp, path)
-    log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
-
-
-def write_best_trial_quietly(trials: _Trials) -> None:
-    """best_trial.yaml after every completed trial, so a long search shows its best so far."""
-    record = best_trial_record(trials.study, trials.space, trials.env["storage"], trials.n_trials)
-    if record is not None:
-        path = trials.sweep_dir / BEST_TRIAL_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(record)))
-        os.replace(tmp, path)

@@ -4,7 +4,7 @@ other folders' from each run's summary.json.
 A sweep's record holds each job's summary as it was when the job ended, so a later sweep or a moved
 folder leaves its report as it was. In a folder without a record, a job folder without a summary.json
 (its process was killed, or it still runs) becomes a failed run whose figures are what its config
-says (``Summary.of_config``). Nothing here imports torch.
+says (``Summary.failed``). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -17,13 +17,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.config.redact import typed_overrides
 from litlab.run import sweep_record
-from litlab.run.summary import FAILED, Summary
+from litlab.run.summary import Summary
 
 
 class CompareError(ValueError):
     """Bad input to litlab-compare; the message is one sentence."""
+
+
+class NoRuns(CompareError):
+    """A path that holds no run: missing, empty, or a sweep whose record holds no job yet."""
 
 
 @dataclass
@@ -40,10 +43,6 @@ class RunResult:
     # Overrides of the sweep's other jobs that train this same run, so did not run (sweep.json same_runs).
     same_run_overrides: list[list[str]] = field(default_factory=list)
 
-    @property
-    def completed(self) -> bool:
-        return self.summary.completed
-
 
 def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
     """The runs in each path: a sweep directory with its record (one run per job), a run directory
@@ -52,7 +51,7 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
     runs: list[RunResult] = []
     for path in paths:
         if not path.is_dir():
-            raise CompareError(f"{path} is not a directory")
+            raise NoRuns(f"{path} is not a directory")
         prefix = f"{path.name}/" if len(paths) > 1 else "#"
         record = sweep_record.read(path)
         if record is not None:
@@ -63,7 +62,7 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
             continue
         jobs = sorted((d for d in path.iterdir() if d.is_dir() and is_run_dir(d)), key=_job_order)
         if not jobs:
-            raise CompareError(
+            raise NoRuns(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
         runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in jobs)
@@ -76,7 +75,7 @@ def _recorded_runs(
     """The runs of a sweep's jobs as its record holds them; the run folders are not read (a later
     ``resume=never`` may have replaced a run there)."""
     if not entries:
-        raise CompareError(f"no job of the sweep in {sweep_dir} has ended yet: its record holds none")
+        raise NoRuns(f"no job of the sweep in {sweep_dir} has ended yet: its record holds none")
     runs = {}
     for entry in entries:
         try:
@@ -121,12 +120,11 @@ def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    choices: dict[str, Any] = OmegaConf.to_container(hydra.runtime.choices) if "runtime" in hydra else {}
-    return Summary.of_config(
+    if overrides_file.is_file():  # the overrides as typed (hydra.yaml's are the same, resolved)
+        hydra.overrides = {"task": OmegaConf.load(overrides_file)}
+    return Summary.failed(
         config if config is not None else OmegaConf.create(),
-        FAILED,
         "no summary.json: the job's process was killed, or it is still running",
         run_dir=run_dir,
-        choices=choices,
-        overrides=typed_overrides(OmegaConf.load(overrides_file)) if overrides_file.is_file() else [],
+        hydra=hydra,
     )

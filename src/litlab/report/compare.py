@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from litlab.report.collect import CompareError, RunResult
 from litlab.report.stats import Estimate, estimate, significant, welch_p_value
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, finite
 from litlab.run.sweep_record import SKIPPED
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
@@ -28,17 +28,7 @@ DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
 REPEAT_KEY = "seed"
 # Runs of different versions of the user's code differ in this pseudo key: code_fingerprint's first 8 hex.
 CODE_KEY = "code"
-REPORT_FILES = ("report.md", "report.csv", "report.png")
 
-# Baseline keys may name a summary.json field; they mean the config key the user sweeps.
-_ALIASES = {
-    "accumulation": "trainer.accumulate_grad_batches",
-    "accumulate_grad_batches": "trainer.accumulate_grad_batches",
-    "devices": "trainer.devices",
-    "num_nodes": "trainer.num_nodes",
-    "micro_batch_size": "data.batch_size",
-    "batch_size": "data.batch_size",
-}
 # Config keys whose value a run's summary.json records as it ran (devices "auto" resolved, the
 # micro-batch derived from a global batch): looked up there first.
 _FROM_SUMMARY = {
@@ -47,6 +37,13 @@ _FROM_SUMMARY = {
     "trainer.num_nodes": "num_nodes",
     "data.batch_size": "micro_batch_size",
     "global_batch_size": "global_batch_size",
+    "optimized_metric": "optimized_metric",
+    "optimized_metric_mode": "optimized_metric_mode",
+}
+# Baseline keys may name a summary.json field; they mean the config key the user sweeps.
+_ALIASES = {name: key for key, name in _FROM_SUMMARY.items()} | {
+    "accumulation": "trainer.accumulate_grad_batches",
+    "batch_size": "data.batch_size",
 }
 _DEVICE_KEYS = {"trainer.devices", "trainer.num_nodes"}
 # Keys with a column of their own; other keys that differ between runs go into the "differs" column.
@@ -56,6 +53,9 @@ _OWN_COLUMN = {"precision", "trainer.accumulate_grad_batches", "trainer.devices"
 _MICRO_BATCH = "data.batch_size"
 # Groups that choose which jobs a multirun has, not how a run trains (their settings are overrides).
 _NOT_SETTINGS = {"sweep", "hparams_search"}
+# A row's fields that are not report.csv's columns: the runs' values behind Welch's tests, why a test
+# was not made, the doctor's findings and the learning curves.
+ROW_INTERNALS = ("samples_per_second_values", "metric_values", "not_tested", "findings", "curves")
 
 
 @dataclass
@@ -80,9 +80,8 @@ class Report:
 
     @property
     def unfinished(self) -> list[dict[str, Any]]:
-        """Rows of runs that did not complete: failed, interrupted or running elsewhere (a pruned
-        trial ended where its search wanted it to); a sweep or litlab-compare with any exits 1."""
-        return [row for row in self.rows if row["status"] not in (COMPLETED, PRUNED)]
+        """Rows of runs that did not complete (``unfinished``); a sweep or litlab-compare with any exits 1."""
+        return [row for row in self.rows if unfinished(row)]
 
     @property
     def pruned(self) -> list[dict[str, Any]]:
@@ -91,6 +90,12 @@ class Report:
     @property
     def run_count(self) -> int:
         return sum(row["n"] for row in self.rows)
+
+
+def unfinished(row: dict[str, Any]) -> bool:
+    """Whether a row's runs did not complete: failed, interrupted or running elsewhere (a pruned
+    trial ended where its search wanted it to)."""
+    return row["status"] not in (COMPLETED, PRUNED)
 
 
 def build_report(
@@ -131,18 +136,20 @@ def build_report(
         return json.dumps([*devices, *(_lookup(run, k) for k in context_keys)], default=str)  # lists too
 
     configurations = _configurations(runs, settings, repeat_key)
+    rows = [_row(group, metric, test_metric, settings, repeat_key) for group in configurations]
     contexts = [context(group[0]) for group in configurations]
-    baselines: dict[str, list[RunResult]] = {}
-    for group, key in zip(configurations, contexts, strict=True):
-        matches = group[0].completed and all(_same(_lookup(group[0], k), v) for k, v in spec.items())
+    baselines: dict[str, dict[str, Any]] = {}
+    for group, row, key in zip(configurations, rows, contexts, strict=True):
+        matches = row["status"] == COMPLETED and all(_same(_lookup(group[0], k), v) for k, v in spec.items())
         # Runs resumed across a change are the baseline only where no other configuration matches.
-        if matches and (key not in baselines or (_resumed(baselines[key]) and not _resumed(group))):
-            baselines[key] = group
-    rows = []
-    for group, key in zip(configurations, contexts, strict=True):
+        if matches and (
+            key not in baselines or (baselines[key]["resumed_across"] and not row["resumed_across"])
+        ):
+            baselines[key] = row
+    for row, key in zip(rows, contexts, strict=True):
         # A configuration alone in its context (every Optuna trial) has nothing to be compared with.
-        base = baselines.get(key) if contexts.count(key) > 1 else None
-        rows.append(_row(group, base, metric, test_metric, settings, mode, repeat_key))
+        if key in baselines and contexts.count(key) > 1:
+            _compare(row, baselines[key], mode)
     counted = [row["tokens_per_second"] for row in rows if row["status"] == COMPLETED]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
     notes += [
@@ -207,7 +214,7 @@ def _configurations(
     not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
     groups: dict[str, list[RunResult]] = {}
     for index, run in enumerate(runs):
-        if not run.completed:
+        if not run.summary.completed:
             groups[f"not completed {index}"] = [run]
             continue
         summary = run.summary
@@ -221,11 +228,6 @@ def _configurations(
             ran.append(sorted(o for o in summary.overrides or [] if _override_key(o) not in not_identity))
         groups.setdefault(json.dumps(ran, default=str, sort_keys=True), []).append(run)
     return list(groups.values())
-
-
-def _resumed(runs: Sequence[RunResult]) -> bool:
-    """Whether one of ``runs`` was resumed across a change (code, settings): it trained partly under each."""
-    return any(run.summary.resumed_across for run in runs)
 
 
 def parse_baseline(text: str) -> dict[str, str]:
@@ -244,11 +246,9 @@ def parse_baseline(text: str) -> dict[str, str]:
 def _default_metric(runs: Sequence[RunResult]) -> tuple[str, str]:
     """The runs' optimized_metric and its mode ("min" or "max"), from their summaries or configs."""
     for run in runs:
-        config = run.config if run.config is not None else OmegaConf.create()
-        name = run.summary.optimized_metric or _select(config, "optimized_metric")
+        name = _lookup(run, "optimized_metric")
         if name:
-            mode = run.summary.optimized_metric_mode or _select(config, "optimized_metric_mode")
-            return str(name), str(mode or "max")
+            return str(name), str(_lookup(run, "optimized_metric_mode") or "max")
     return "val/acc", "max"
 
 
@@ -276,8 +276,7 @@ def _differing_settings(runs: Sequence[RunResult]) -> list[str]:
         # The group stands for its key where the key's value follows the choice (mlp's width is mlp's).
         owners = [g for g in owners if _follows_choice(runs, g, key)]
         keys.append(max(owners, key=len) if owners else key)
-    typed = dict.fromkeys(_override_key(o) for run in runs for o in run.summary.overrides or [])
-    order = {key: position for position, key in enumerate(typed)}
+    order = {key: position for position, key in enumerate(_typed_keys(runs))}
     return sorted(dict.fromkeys(keys), key=lambda key: order.get(key, len(order)))
 
 
@@ -299,13 +298,13 @@ def _differ(values: Any) -> bool:
 
 def _swept_overrides(runs: Sequence[RunResult]) -> list[str]:
     """Override keys (in command-line order) whose value differs between the runs."""
-    keys: dict[str, None] = {}
-    for run in runs:
-        for override in run.summary.overrides or []:
-            key = _override_key(override)
-            if key != "hydra" and key not in _NOT_SETTINGS:
-                keys[_ALIASES.get(key, key)] = None
-    return [k for k in keys if len({json.dumps(_lookup(run, k), default=str) for run in runs}) > 1]
+    keys = [key for key in _typed_keys(runs) if key != "hydra" and key not in _NOT_SETTINGS]
+    return [key for key in keys if _differ(_lookup(run, key) for run in runs)]
+
+
+def _typed_keys(runs: Sequence[RunResult]) -> list[str]:
+    """The keys the runs' command lines set, in their order (``_override_key``)."""
+    return list(dict.fromkeys(_override_key(o) for run in runs for o in run.summary.overrides or []))
 
 
 def _override_key(override: str) -> str:
@@ -329,18 +328,13 @@ def _lookup(run: RunResult, key: str) -> Any:
     if summary.settings and key in summary.settings:
         return summary.settings[key]
     if run.config is not None:
-        value = _select(run.config, key)
+        value = OmegaConf.select(run.config, key, default=None, throw_on_resolution_failure=False)
         if value is not None:
             return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    for override in run.summary.overrides or []:
-        name, _, value = override.partition("=")
-        if name.lstrip("+~") == key:
-            return value
+    for override in summary.overrides or []:
+        if _override_key(override) == key:
+            return override.partition("=")[2]
     return None
-
-
-def _select(config: DictConfig, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
 
 
 def _same(value: Any, wanted: str) -> bool:
@@ -353,22 +347,30 @@ def _same(value: Any, wanted: str) -> bool:
 
 
 def _row(
-    runs: list[RunResult],
-    base: list[RunResult] | None,
-    metric: str,
-    test_metric: str | None,
-    swept: list[str],
-    mode: str = "max",
-    repeat_key: str | None = None,
+    runs: list[RunResult], metric: str, test_metric: str | None, swept: list[str], repeat_key: str | None
 ) -> dict[str, Any]:
-    """A configuration's row: its runs' figures (their means, with 95 % confidence intervals) and,
-    against ``base``, speed-up, memory ratio and metric delta with Welch's p-values."""
+    """A configuration's row: its runs' figures (their means, with 95 % confidence intervals); what
+    compares it with its baseline is ``_compare``'s, None until then. Its fields are report.csv's
+    columns, in their order, then ``ROW_INTERNALS``."""
     first = runs[0]
     summary = first.summary
     precision = summary.precision or {}
     figures = [_figures(run, metric, test_metric) for run in runs]
     memory_kinds = {f["memory_kind"] for f in figures}
-    row: dict[str, Any] = {
+    memory_kind = memory_kinds.pop() if len(memory_kinds) == 1 else None
+    one_run_memory = (summary.memory or {}) if len(runs) == 1 else {}  # its per-rank peaks
+    findings = [entry for run in runs for entry in run.summary.diagnosis or []]  # litlab.run.doctor's
+
+    def estimated(name: str, comparable: bool = True) -> Estimate:
+        values = [f[name] for f in figures]
+        # A figure some of the runs lack has no mean: it would be the mean of other runs than n says.
+        return estimate(values) if comparable and None not in values else Estimate()
+
+    def with_interval(name: str, comparable: bool = True) -> dict[str, float | None]:
+        mean, low, high = estimated(name, comparable)
+        return {name: mean, f"{name}_ci95_low": low, f"{name}_ci95_high": high}
+
+    return {
         "run": ", ".join(run.label for run in runs),
         "status": summary.status,
         "n": len(runs),
@@ -381,10 +383,17 @@ def _row(
         "num_nodes": summary.num_nodes,
         "micro_batch_size": summary.micro_batch_size,
         "effective_batch_size": summary.effective_batch_size,
-        "memory_kind": memory_kinds.pop() if len(memory_kinds) == 1 else None,
-        "differs": {k: _lookup(first, k) for k in swept if not _has_own_column(k, first)},
-        "baseline": None if base is None else ", ".join(run.label for run in base),
-        "is_baseline": base is runs,
+        **with_interval("samples_per_second"),
+        **with_interval("tokens_per_second"),
+        "seconds_per_epoch": estimated("seconds_per_epoch").mean,
+        "memory_kind": memory_kind,
+        **with_interval("peak_memory_mib", memory_kind is not None),  # CUDA and RSS peaks have no mean
+        # Per-rank lists of one run; those of several runs are summed up by the peak's mean and interval.
+        "max_allocated_mib_per_rank": one_run_memory.get("max_allocated_mib_per_rank"),
+        "max_reserved_mib_per_rank": one_run_memory.get("max_reserved_mib_per_rank"),
+        "peak_rss_mib_per_rank": one_run_memory.get("peak_rss_mib_per_rank"),
+        **with_interval("metric"),
+        "test_metric": estimated("test_metric").mean,
         "speed_up": None,
         "speed_up_p_value": None,
         "speed_up_significant": None,
@@ -393,56 +402,47 @@ def _row(
         "metric_delta_p_value": None,
         "metric_delta_significant": None,
         "seconds_to_baseline": None,  # seconds until the metric first reached the baseline's final value
-        "not_tested": None,  # why Welch's test was not made where it could have been
-        "resumed_across": list(dict.fromkeys(c for run in runs for c in run.summary.resumed_across or [])),
+        "baseline": None,
+        "is_baseline": False,
         "pruned_epoch": summary.pruned_epoch,
-        # Jobs that ran beside it on the node (summary.json sweep.beside): not a solo timing.
+        # Jobs that ran beside it on the node: not a solo timing. The pool's record of each job, in the
+        # sweep's record (.jobs/<job>.json: its summary copy's sweep.beside), never in the run's summary.json.
         "shared_node": any((run.summary.sweep or {}).get("beside") for run in runs),
-        "diagnosis": list(
-            dict.fromkeys(e.get("symptom") for run in runs for e in run.summary.diagnosis or [])
-        ),
-        "findings": [entry for run in runs for entry in run.summary.diagnosis or []],  # litlab.run.doctor
+        "resumed_across": list(dict.fromkeys(c for run in runs for c in run.summary.resumed_across or [])),
+        "differs": {k: _lookup(first, k) for k in swept if not _has_own_column(k, first)},
+        "diagnosis": list(dict.fromkeys(entry.get("symptom") for entry in findings)),
         "error": _error_text(summary),
         "run_dir": ";".join(str(run.dir) for run in runs),
-        "curve": figures[0]["curve"],
+        # ROW_INTERNALS
+        "samples_per_second_values": [f["samples_per_second"] for f in figures],  # for Welch's test
+        "metric_values": [f["metric"] for f in figures],
+        "not_tested": None,  # why Welch's test was not made where it could have been
+        "findings": findings,
         "curves": [f["curve"] for f in figures],  # one per run, for report.png
     }
-    for name in _ESTIMATED:
-        values = [f[name] for f in figures]
-        # A figure some of the runs lack has no mean: it would be the mean of other runs than n says.
-        found = estimate(values) if all(v is not None for v in values) else Estimate(0, None)
-        row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"] = found.mean, found.low, found.high
-        row[f"{name}_values"] = values
-    if row["memory_kind"] is None:  # peaks of different kinds (CUDA and RSS) have no mean
-        row["peak_memory_mib"] = row["peak_memory_mib_ci95_low"] = row["peak_memory_mib_ci95_high"] = None
-    if len(runs) == 1:
-        for name in ("max_allocated_mib_per_rank", "max_reserved_mib_per_rank", "peak_rss_mib_per_rank"):
-            row[name] = figures[0][name]
-    else:  # per-rank lists of several runs are summed up by the peak's mean and interval
-        row.update(
-            max_allocated_mib_per_rank=None, max_reserved_mib_per_rank=None, peak_rss_mib_per_rank=None
-        )
+
+
+def _compare(row: dict[str, Any], base: dict[str, Any], mode: str) -> None:
+    """``row`` against its baseline's row ``base`` (a completed configuration): speed-up, memory ratio
+    and metric delta with Welch's p-values, and the seconds to the baseline's final metric."""
+    row["baseline"], row["is_baseline"] = base["run"], base is row
     # Ratios only between completed runs: a failed run may have figures, not those of the run it meant to be.
-    if base is not None and first.completed and base[0].completed:
-        base_row = _row(base, None, metric, test_metric, swept, mode, repeat_key)
-        row["speed_up"] = _ratio(row["samples_per_second"], base_row["samples_per_second"])
-        tested = base is not runs  # the baseline against itself is 1.0x and +0, not a test
-        if tested and (_resumed(runs) or _resumed(base)):  # partly trained under each of two versions
-            tested, row["not_tested"] = False, "resumed across a change"
-        if row["speed_up"] is not None and tested:
-            p_value = welch_p_value(row["samples_per_second_values"], base_row["samples_per_second_values"])
-            row["speed_up_p_value"], row["speed_up_significant"] = p_value, significant(p_value)
-        if base_row["memory_kind"] == row["memory_kind"]:
-            row["memory_ratio"] = _ratio(row["peak_memory_mib"], base_row["peak_memory_mib"])
-        base_metric = base_row["metric"]
-        if _finite(row["metric"]) and _finite(base_metric):
-            row["metric_delta"] = row["metric"] - base_metric
-        if row["metric_delta"] is not None and tested:
-            p_value = welch_p_value(row["metric_values"], base_row["metric_values"])
-            row["metric_delta_p_value"], row["metric_delta_significant"] = p_value, significant(p_value)
-        if _finite(base_metric):
-            row["seconds_to_baseline"] = _seconds_to_baseline(row["curves"], base_metric, mode)
-    return row
+    if row["status"] != COMPLETED:
+        return
+    row["speed_up"] = _ratio(row["samples_per_second"], base["samples_per_second"])
+    if base["memory_kind"] == row["memory_kind"]:
+        row["memory_ratio"] = _ratio(row["peak_memory_mib"], base["peak_memory_mib"])
+    if finite(row["metric"]) and finite(base["metric"]):
+        row["metric_delta"] = row["metric"] - base["metric"]
+    if finite(base["metric"]):
+        row["seconds_to_baseline"] = _seconds_to_baseline(row["curves"], base["metric"], mode)
+    tested = base is not row  # the baseline against itself is 1.0x and +0, not a test
+    if tested and (row["resumed_across"] or base["resumed_across"]):  # trained partly under each version
+        tested, row["not_tested"] = False, "resumed across a change"
+    for name, figure in (("speed_up", "samples_per_second"), ("metric_delta", "metric")):
+        if row[name] is not None and tested:
+            p_value = welch_p_value(row[f"{figure}_values"], base[f"{figure}_values"])
+            row[f"{name}_p_value"], row[f"{name}_significant"] = p_value, significant(p_value)
 
 
 def _has_own_column(key: str, run: RunResult) -> bool:
@@ -461,17 +461,6 @@ def _error_text(summary: Any) -> str | None:
     return f"{summary.error}; the same command resumes it"
 
 
-# Figures of a run that a row of several runs gives as mean and 95 % confidence interval.
-_ESTIMATED = (
-    "samples_per_second",
-    "tokens_per_second",
-    "seconds_per_epoch",
-    "peak_memory_mib",
-    "metric",
-    "test_metric",
-)
-
-
 def _figures(run: RunResult, metric: str, test_metric: str | None) -> dict[str, Any]:
     """One run's own figures, from its summary.json."""
     summary = run.summary
@@ -484,9 +473,6 @@ def _figures(run: RunResult, metric: str, test_metric: str | None) -> dict[str, 
         "seconds_per_epoch": throughput.get("seconds_per_epoch"),
         "memory_kind": memory.get("kind"),
         "peak_memory_mib": memory.get("peak_mib"),
-        "max_allocated_mib_per_rank": memory.get("max_allocated_mib_per_rank"),
-        "max_reserved_mib_per_rank": memory.get("max_reserved_mib_per_rank"),
-        "peak_rss_mib_per_rank": memory.get("peak_rss_mib_per_rank"),
         "metric": metrics.get(metric),
         "test_metric": metrics.get(test_metric) if test_metric else None,
         "curve": curve(summary, metric),
@@ -501,8 +487,8 @@ def _seconds_to_baseline(
     if not all(curves):
         return None
     seconds = [seconds_to_reach(points, target, mode) for points in curves]
-    if any(s == "never" for s in seconds):
-        missed = sum(s == "never" for s in seconds)
+    missed = sum(s == "never" for s in seconds)
+    if missed:
         return "never" if len(seconds) == 1 else f"never ({missed} of {len(seconds)} runs)"
     return math.fsum(seconds) / len(seconds)
 
@@ -512,7 +498,7 @@ def curve(summary: Any, metric: str) -> list[dict[str, float]]:
     points = []
     for entry in summary.history or []:
         value = (entry.get("metrics") or {}).get(metric)
-        if _finite(value) and _finite(entry.get("wall_s")):
+        if finite(value) and finite(entry.get("wall_s")):
             points.append({"wall_s": entry["wall_s"], "samples": entry.get("samples"), "value": value})
     return points
 
@@ -527,8 +513,4 @@ def seconds_to_reach(points: list[dict[str, float]], target: float, mode: str) -
 
 
 def _ratio(value: Any, reference: Any) -> float | None:
-    return value / reference if _finite(value) and _finite(reference) and reference > 0 else None
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    return value / reference if finite(value) and finite(reference) and reference > 0 else None

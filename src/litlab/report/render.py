@@ -6,87 +6,47 @@ from __future__ import annotations
 import csv
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from litlab.errors import one_line
 from litlab.report.collect import collect_runs
 from litlab.report.compare import (
     _DEVICE_KEYS,
     _MICRO_BATCH,
     CODE_KEY,
     DEFAULT_BASELINE,
+    ROW_INTERNALS,
     Report,
-    _finite,
     build_report,
+    unfinished,
 )
 from litlab.report.stats import CONFIDENCE, SIGNIFICANCE
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, RUNNING_ELSEWHERE
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, RUNNING_ELSEWHERE, finite
 
 log = logging.getLogger(__name__)
 
-REPORT_FILES = ("report.md", "report.csv", "report.png")
 
-
-def write_report(report: Report, out_dir: Path) -> list[Path]:
-    """report.md, report.csv and report.png in ``out_dir``."""
+def report_runs(
+    paths: Sequence[Path], out_dir: Path, baseline: str = DEFAULT_BASELINE, metric: str | None = None
+) -> Report:
+    """Collect the runs under ``paths``, compare them and write report.csv, report.png and report.md
+    into ``out_dir``."""
+    report = build_report(collect_runs(paths), baseline=baseline, metric=metric)
+    report.sources = list(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / name for name in REPORT_FILES]
-    _write_csv(report, paths[1])
-    plot(report).savefig(paths[2], dpi=110)
-    paths[0].write_text(render_markdown(report))
-    return paths
-
-
-_CSV_COLUMNS = [
-    "run",
-    "status",
-    "n",
-    "seeds",
-    "precision",
-    "precision_requested",
-    "precision_effective",
-    "accumulate_grad_batches",
-    "devices",
-    "num_nodes",
-    "micro_batch_size",
-    "effective_batch_size",
-    "samples_per_second",
-    "samples_per_second_ci95_low",
-    "samples_per_second_ci95_high",
-    "tokens_per_second",
-    "tokens_per_second_ci95_low",
-    "tokens_per_second_ci95_high",
-    "seconds_per_epoch",
-    "memory_kind",
-    "peak_memory_mib",
-    "peak_memory_mib_ci95_low",
-    "peak_memory_mib_ci95_high",
-    "max_allocated_mib_per_rank",
-    "max_reserved_mib_per_rank",
-    "peak_rss_mib_per_rank",
-    "metric",
-    "metric_ci95_low",
-    "metric_ci95_high",
-    "test_metric",
-    "speed_up",
-    "speed_up_p_value",
-    "speed_up_significant",
-    "memory_ratio",
-    "metric_delta",
-    "metric_delta_p_value",
-    "metric_delta_significant",
-    "seconds_to_baseline",
-    "baseline",
-    "is_baseline",
-    "pruned_epoch",
-    "shared_node",
-    "resumed_across",
-    "differs",
-    "diagnosis",
-    "error",
-    "run_dir",
-]
+    _write_csv(report, out_dir / "report.csv")
+    plot(report).savefig(out_dir / "report.png", dpi=110)
+    (out_dir / "report.md").write_text(render_markdown(report))
+    log.info(
+        "report of %d runs (%s) in %d rows: %s",
+        report.run_count,
+        _counts(report),
+        len(report.rows),
+        out_dir / "report.md",
+    )
+    return report
 
 
 def _write_csv(report: Report, path: Path) -> None:
@@ -98,11 +58,12 @@ def _write_csv(report: Report, path: Path) -> None:
     names["metric_delta_p_value"] = f"delta_{report.metric}_p_value"
     names["metric_delta_significant"] = f"delta_{report.metric}_significant"
     names["seconds_to_baseline"] = f"seconds_to_baseline_{report.metric}"
+    columns = [name for name in report.rows[0] if name not in ROW_INTERNALS]
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow([names.get(c, c) for c in _CSV_COLUMNS])
+        writer.writerow([names.get(c, c) for c in columns])
         for row in report.rows:
-            writer.writerow([_csv_value(row[c]) for c in _CSV_COLUMNS])
+            writer.writerow([_csv_value(row[c]) for c in columns])
 
 
 def _csv_value(value: Any) -> Any:
@@ -119,25 +80,38 @@ def render_markdown(report: Report) -> str:
     """The report as Markdown: what was compared, the table, the statistics in words, the failures,
     what the columns mean."""
     delta = f"Δ {report.metric}"
-    headers = ["run", "status", "n", "precision (requested → ran)", "accumulation", "devices x nodes"]
     unit = report.throughput_unit
-    headers += ["micro-batch", "effective batch", f"{unit}/s", "s/epoch", "peak memory / device (MiB)"]
-    headers += [report.metric] + ([report.test_metric] if report.test_metric else [])
-    headers += ["speed-up", "memory ratio", delta, f"s to baseline's {report.metric}", "baseline"]
-    has_differs = any(row["differs"] for row in report.rows)
-    if has_differs:
-        headers.insert(2, "differs")
-    has_seeds = any(row["seeds"] for row in report.rows)
-    if has_seeds:
-        headers.insert(headers.index("n") + 1, report.repeat_key or "seed")
-    diagnosed = [row for row in report.rows if row["diagnosis"]]
-    if diagnosed:
-        headers.append("doctor")
-    if report.unfinished:
-        headers.append("error")
+    columns: list[tuple[str | None, Callable[[dict[str, Any]], str]]] = [
+        ("run", lambda row: row["run"]),
+        ("status", _status_cell),
+        ("differs", _differs_cell),
+        ("n", lambda row: str(row["n"])),
+        (report.repeat_key or "seed", lambda row: ", ".join(_text(seed) for seed in row["seeds"])),
+        ("precision (requested → ran)", _precision_cell),
+        ("accumulation", lambda row: _text(row["accumulate_grad_batches"])),
+        ("devices x nodes", lambda row: f"{_text(row['devices'])} x {_text(row['num_nodes'])}"),
+        ("micro-batch", lambda row: _text(row["micro_batch_size"])),
+        ("effective batch", lambda row: _text(row["effective_batch_size"])),
+        (f"{unit}/s", lambda row: _estimate_cell(row, f"{unit}_per_second", 1)),
+        ("s/epoch", lambda row: _number(row["seconds_per_epoch"], 2)),
+        ("peak memory / device (MiB)", _memory_cell),
+        (report.metric, lambda row: _estimate_cell(row, "metric", 4)),
+        (report.test_metric, lambda row: _number(row["test_metric"], 4)),
+        ("speed-up", lambda row: _compared_cell(row, "speed_up", 2, "x")),
+        ("memory ratio", lambda row: _number(row["memory_ratio"], 2, "x")),
+        (delta, lambda row: _compared_cell(row, "metric_delta", 4, signed=True)),
+        (f"s to baseline's {report.metric}", lambda row: _number(row["seconds_to_baseline"], 1)),
+        ("baseline", lambda row: "**baseline**" if row["is_baseline"] else (row["baseline"] or "none")),
+        ("doctor", lambda row: ", ".join(row["diagnosis"])),
+        ("error", lambda row: _one_line(row["error"], limit=120) if unfinished(row) else ""),
+    ]
+    # Columns other than differs, seed, doctor and error have a word or a dash in every cell: those
+    # four are left out where no row has one.
+    table = [(header, [cell(row) for row in report.rows]) for header, cell in columns if header]
+    table = [(header, cells) for header, cells in table if any(cells)]
     shared = [row for row in report.rows if row["shared_node"]]
     in_rows = f" in {len(report.rows)} rows" if len(report.rows) != report.run_count else ""
-    shared_keys = ", ".join(_key_name(key) for key in report.context_keys)
+    shared_keys = ", ".join("code version" if key == CODE_KEY else f"`{key}`" for key in report.context_keys)
     lines = [
         "# Sweep report",
         "",
@@ -150,86 +124,45 @@ def render_markdown(report: Report) -> str:
         + "; speed-up, memory ratio and Δ are against it. The baseline rows say **baseline**.",
         "",
         *_repeats_lines(report),
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join("---" for _ in headers) + "|",
+        "| " + " | ".join(header for header, _ in table) + " |",
+        "|" + "|".join("---" for _ in table) + "|",
+        *(
+            "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+            for row in zip(*(c for _, c in table), strict=True)
+        ),
+        "",
     ]
-    for row in report.rows:
-        cells = [
-            row["run"],
-            _status_cell(row),
-            str(row["n"]),
-            _precision_cell(row),
-            _text(row["accumulate_grad_batches"]),
-            f"{_text(row['devices'])} x {_text(row['num_nodes'])}",
-            _text(row["micro_batch_size"]),
-            _text(row["effective_batch_size"]),
-            _estimate_cell(row, f"{unit}_per_second", 1),
-            _number(row["seconds_per_epoch"], 2),
-            _memory_cell(row),
-            _estimate_cell(row, "metric", 4),
-        ]
-        if report.test_metric:
-            cells.append(_number(row["test_metric"], 4))
-        cells += [
-            _number(row["speed_up"], 2, "x") + _p_value_note(row["speed_up_p_value"]),
-            _number(row["memory_ratio"], 2, "x"),
-            _number(row["metric_delta"], 4, signed=True) + _p_value_note(row["metric_delta_p_value"]),
-            _seconds_cell(row["seconds_to_baseline"]),
-            "**baseline**" if row["is_baseline"] else (row["baseline"] or "none"),
-        ]
-        if has_differs:
-            cells.insert(2, _differs_cell(row))
-        if has_seeds:
-            cells.insert(headers.index("n") + 1, ", ".join(_text(seed) for seed in row["seeds"]))
-        if diagnosed:
-            cells.append(", ".join(row["diagnosis"]))
-        if report.unfinished:
-            unfinished = row["status"] not in (COMPLETED, PRUNED)
-            cells.append(_one_line(row["error"], limit=120) if unfinished else "")
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines.append("")
     if shared:
         lines += [
-            f"† Shared the node: other jobs of the sweep ran beside {_names(shared)} (summary.json "
-            "`sweep.beside`), so their throughput is not a solo timing. `hydra.launcher.devices=1` "
-            "gives solo timings only to runs it trains: run the sweep again with "
+            f"† Shared the node: other jobs of the sweep ran beside {_names(shared)} (the sweep's "
+            "record, `.jobs/<job>.json`: `sweep.beside`), so their throughput is not a solo timing. "
+            "`hydra.launcher.devices=1` gives solo timings only to runs it trains: run the sweep again with "
             "`hydra.launcher.devices=1 resume=never` (without resume=never every job finds its run "
             "completed and skips it; this report stays as it is, built from the sweep's record).",
             "",
         ]
-    if report.notes:
-        lines += ["## Counted once", "", *(f"- {note}." for note in report.notes), ""]
-    if report.skipped:
-        lines += ["## Skipped", "", "Jobs that found their run completed; their rows show that run:", ""]
-        lines += [f"- {skipped}." for skipped in report.skipped]
-        lines.append("")
+    lines += _section("Counted once", [f"- {note}." for note in report.notes])
+    skipped = [f"- {skipped}." for skipped in report.skipped]
+    lines += _section("Skipped", skipped, "Jobs that found their run completed; their rows show that run:")
     lines += ["![throughput, peak memory and learning curves per configuration](report.png)", ""]
-    noise = _noise_lines(report)
-    if noise:
-        lines += ["## Against run-to-run noise", "", *noise, ""]
-    if diagnosed:
-        lines += ["## Doctor", "", "What each run's own numbers show (summary.json `diagnosis`):", ""]
-        for row in diagnosed:
-            for entry in row["findings"]:
-                lines.append(
-                    f"- {row['run']}: **{entry['symptom']}**: {entry['evidence']}. Cures: {entry['cures']}"
-                )
-        lines.append("")
-    if report.pruned:
-        lines += ["## Pruned trials", ""]
-        lines += [
-            f"- {row['run']} (`{row['run_dir']}`): stopped by the Optuna pruner after the validation of "
-            f"epoch {_text(row['pruned_epoch'])}; not a failure."
-            for row in report.pruned
-        ]
-        lines.append("")
-    if report.unfinished:
-        lines += ["## Runs that did not complete", ""]
-        lines += [
-            f"- {row['run']} (`{row['run_dir']}`): {_status_word(row)}: {_one_line(row['error'])}"
-            for row in report.unfinished
-        ]
-        lines.append("")
+    lines += _section("Against run-to-run noise", _noise_lines(report))
+    findings = [
+        f"- {row['run']}: **{entry['symptom']}**: {entry['evidence']}. Cures: {entry['cures']}"
+        for row in report.rows
+        for entry in row["findings"]
+    ]
+    lines += _section("Doctor", findings, "What each run's own numbers show (summary.json `diagnosis`):")
+    pruned = [
+        f"- {row['run']} (`{row['run_dir']}`): stopped by the Optuna pruner after the validation of "
+        f"epoch {_text(row['pruned_epoch'])}; not a failure."
+        for row in report.pruned
+    ]
+    lines += _section("Pruned trials", pruned)
+    unfinished_rows = [
+        f"- {row['run']} (`{row['run_dir']}`): {_status_word(row)}: {_one_line(row['error'])}"
+        for row in report.unfinished
+    ]
+    lines += _section("Runs that did not complete", unfinished_rows)
     level = f"{CONFIDENCE:.0%}"
     lines += [
         "## Columns",
@@ -256,6 +189,13 @@ def render_markdown(report: Report) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _section(title: str, items: list[str], intro: str | None = None) -> list[str]:
+    """A "## title" section of ``items`` (none where there are none), after one line of ``intro``."""
+    if not items:
+        return []
+    return [f"## {title}", "", *([intro, ""] if intro else []), *items, ""]
 
 
 def _counts(report: Report) -> str:
@@ -292,10 +232,6 @@ def _trained_under(change: str) -> str:
 _COUNTS = {2: "two", 3: "three", 4: "four"}
 
 
-def _key_name(key: str) -> str:
-    return "code version" if key == CODE_KEY else f"`{key}`"
-
-
 def _differs_cell(row: dict[str, Any]) -> str:
     return " ".join(
         f"code differs: {_text(value)}" if key == CODE_KEY else f"{key}={_text(value)}"
@@ -306,13 +242,17 @@ def _differs_cell(row: dict[str, Any]) -> str:
 def _estimate_cell(row: dict[str, Any], name: str, decimals: int) -> str:
     """The mean and the half-width of its confidence interval (a t-interval is symmetric)."""
     mean, high = row[name], row[f"{name}_ci95_high"]
-    if not _finite(mean) or not _finite(high):
-        return _number(mean, decimals)
-    return f"{mean:.{decimals}f} ± {high - mean:.{decimals}f}"
+    half_width = f" ± {_number(high - mean, decimals)}" if finite(mean) and finite(high) else ""
+    return _number(mean, decimals) + half_width
 
 
-def _p_value_note(p_value: Any) -> str:
-    return f" (p={_p_text(p_value)})" if _finite(p_value) else ""
+def _compared_cell(
+    row: dict[str, Any], name: str, decimals: int, suffix: str = "", signed: bool = False
+) -> str:
+    """A row's speed-up or Δ against its baseline, and Welch's p-value where it was tested."""
+    p_value = row[f"{name}_p_value"]
+    note = f" (p={_p_text(p_value)})" if finite(p_value) else ""
+    return _number(row[name], decimals, suffix, signed) + note
 
 
 def _p_text(p_value: float) -> str:
@@ -351,49 +291,39 @@ def _noise_lines(report: Report) -> list[str]:
     for row in report.rows:
         if row["is_baseline"] or row["baseline"] is None or row["status"] != COMPLETED:
             continue
-        parts = []
-        if row["speed_up"] is not None:
-            speed_up = f"speed-up {row['speed_up']:.2f}x"
-            parts.append(_in_words(speed_up, row["speed_up_p_value"], row["not_tested"]))
-        if row["metric_delta"] is not None:
-            delta = f"Δ {report.metric} {row['metric_delta']:+.4f}"
-            parts.append(_in_words(delta, row["metric_delta_p_value"], row["not_tested"]))
-        if parts and (
-            row["n"] > 1
-            or row["not_tested"]
-            or any(row[f"{k}_p_value"] is not None for k in ("speed_up", "metric_delta"))
-        ):
-            label = " ".join(_config_label(row, report).splitlines())
+        said = {
+            "speed_up": f"speed-up {_number(row['speed_up'], 2, 'x')}",
+            "metric_delta": f"Δ {report.metric} {_number(row['metric_delta'], 4, signed=True)}",
+        }
+        parts = [_in_words(what, row, name) for name, what in said.items() if row[name] is not None]
+        tested = any(row[f"{name}_p_value"] is not None for name in said)
+        if parts and (row["n"] > 1 or row["not_tested"] or tested):
+            label = _config_label(row, report, " ")
             lines.append(
-                f"- {label} ({row['run']}, n = {row['n']}) against {row['baseline']}: "
-                + "; ".join(parts)
-                + "."
+                f"- {label} ({row['run']}, n = {row['n']}) against {row['baseline']}: {'; '.join(parts)}."
             )
     return lines
 
 
-def _in_words(what: str, p_value: float | None, not_tested: str | None = None) -> str:
-    if not_tested:
-        return f"{what} not tested ({not_tested})"
+def _in_words(what: str, row: dict[str, Any], name: str) -> str:
+    """Whether the row's ``name`` (speed_up, metric_delta), said as ``what``, exceeds run-to-run noise."""
+    p_value = row[f"{name}_p_value"]
+    if row["not_tested"]:
+        return f"{what} not tested ({row['not_tested']})"
     if p_value is None:
         return f"{what} not tested (needs n ≥ 2 and some spread on both sides)"
-    if p_value < SIGNIFICANCE:
-        return f"{what} exceeds run-to-run noise (Welch's t-test p = {_p_text(p_value)} < {SIGNIFICANCE:g})"
-    return f"{what} is within run-to-run noise (Welch's t-test p = {_p_text(p_value)} ≥ {SIGNIFICANCE:g})"
-
-
-def _seconds_cell(value: Any) -> str:
-    return value if isinstance(value, str) else _number(value, 1)
+    words, sign = ("exceeds", "<") if row[f"{name}_significant"] else ("is within", "≥")
+    return f"{what} {words} run-to-run noise (Welch's t-test p = {_p_text(p_value)} {sign} {SIGNIFICANCE:g})"
 
 
 def _best_line(report: Report) -> list[str]:
-    scored = [row for row in report.rows if row["status"] == COMPLETED and _finite(row["metric"])]
+    scored = [row for row in report.rows if row["status"] == COMPLETED and finite(row["metric"])]
     if not scored:
         return []
     lowest_wins = report.metric_mode == "min"  # as the runs' optimized_metric_mode says
     best = (min if lowest_wins else max)(scored, key=lambda row: row["metric"])
     word = "Lowest" if lowest_wins else "Highest"
-    return [f"{word} {report.metric}: {best['metric']:.4f} ({best['run']}).", ""]
+    return [f"{word} {report.metric}: {_number(best['metric'], 4)} ({best['run']}).", ""]
 
 
 def _precision_cell(row: dict[str, Any]) -> str:
@@ -407,7 +337,7 @@ def _precision_cell(row: dict[str, Any]) -> str:
 def _memory_cell(row: dict[str, Any]) -> str:
     if row["n"] > 1:  # several runs: the mean peak (largest rank) and its interval
         prefix = {"cuda": "peak ", "cpu_rss": "RSS "}.get(row["memory_kind"], "")
-        return prefix + _estimate_cell(row, "peak_memory_mib", 0) if _finite(row["peak_memory_mib"]) else "–"
+        return prefix + _estimate_cell(row, "peak_memory_mib", 0) if finite(row["peak_memory_mib"]) else "–"
     if row["memory_kind"] == "cuda":
         allocated = max(row["max_allocated_mib_per_rank"] or [0])
         reserved = max(row["max_reserved_mib_per_rank"] or [0])
@@ -418,6 +348,9 @@ def _memory_cell(row: dict[str, Any]) -> str:
 
 
 def _number(value: Any, decimals: int, suffix: str = "", signed: bool = False) -> str:
+    """A number with ``decimals`` (and ``suffix``); a word (never) as it is; – for none."""
+    if isinstance(value, str):
+        return value
     if not isinstance(value, (int, float)):
         return "–"
     return f"{value:{'+' if signed else ''}.{decimals}f}{suffix}"
@@ -430,7 +363,7 @@ def _text(value: Any) -> str:
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
-    line = " ".join(str(text or "unknown error").split())
+    line = one_line(text or "unknown error")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -441,7 +374,7 @@ def plot(report: Report) -> Any:
 
     precisions = list(dict.fromkeys(str(row["precision"]) for row in report.rows))
     colors = {p: _PALETTE[i % len(_PALETTE)] for i, p in enumerate(precisions)}
-    width = max(6.0, 1.1 * len(report.rows) + 2.5, 11.0)
+    width = max(1.1 * len(report.rows) + 2.5, 11.0)
     figure = Figure(figsize=(width, 11.0), layout="constrained")
     bars, curves = figure.subfigures(2, 1, height_ratios=[7.0, 4.0])
     _draw_bars(report, bars, colors)
@@ -485,8 +418,8 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
                 bar.set_hatch(hatch)
         for position, row, value in zip(positions, rows, throughput, strict=True):
             top = row[f"{throughput_name}_ci95_high"]
-            value = max(value, top) if _finite(top) else value  # the note above the error bar
-            note = f"{report.metric}\n{row['metric']:.3f}" if _finite(row["metric"]) else "no metric"
+            value = max(value, top) if finite(top) else value  # the note above the error bar
+            note = f"{report.metric}\n{row['metric']:.3f}" if finite(row["metric"]) else "no metric"
             if row["status"] == PRUNED:
                 note = f"pruned\nepoch {_text(row['pruned_epoch'])}"
             elif row["status"] in (INTERRUPTED, RUNNING_ELSEWHERE):
@@ -504,7 +437,7 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
                 textcoords="offset points",
                 ha="center",
                 fontsize=7,
-                color="#c44e52" if row["status"] not in (COMPLETED, PRUNED) else "black",
+                color="#c44e52" if unfinished(row) else "black",
             )
         throughput_axis.set_title(devices)
         throughput_axis.margins(y=0.25)
@@ -535,7 +468,7 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
         precision = str(row["precision"])
         style = _LINE_STYLES[styles.get(precision, 0) % len(_LINE_STYLES)]
         styles[precision] = styles.get(precision, 0) + 1
-        label = " ".join(_config_label(row, report).splitlines())
+        label = _config_label(row, report, " ")
         if row["devices"] not in (1, None) or len({r["devices"] for r in report.rows}) > 1:
             label += f" ({_devices_label(row)})"
         line = {"color": colors[precision], "linestyle": style, "marker": ".", "linewidth": 1.4}
@@ -546,7 +479,7 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
             by_time.plot([point["wall_s"] for point in points], values, label=label, **line)
             label = None
             samples = [point["samples"] for point in points]
-            if all(_finite(n) for n in samples):
+            if all(finite(n) for n in samples):
                 by_samples.plot(samples, values, **line)
         drawn += 1
     by_time.set_xlabel("wall-clock seconds of training")
@@ -570,7 +503,8 @@ def _devices_label(row: dict[str, Any]) -> str:
     return label if nodes in (1, None) else f"{label} x {nodes} nodes"
 
 
-def _config_label(row: dict[str, Any], report: Report) -> str:
+def _config_label(row: dict[str, Any], report: Report, separator: str = "\n") -> str:
+    """What sets the row apart: a part per differing setting (one line each in the plot's labels)."""
     parts = []
     for key in report.swept_keys:
         if key in _DEVICE_KEYS or key.startswith("precision."):
@@ -585,7 +519,7 @@ def _config_label(row: dict[str, Any], report: Report) -> str:
             parts.append(f"batch {_text(row['micro_batch_size'])}")
         else:
             parts.append(f"{key.rsplit('.', 1)[-1]}={_text(row['differs'].get(key))}")
-    return "\n".join(parts) or row["run"]
+    return separator.join(parts) or row["run"]
 
 
 def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
@@ -594,32 +528,11 @@ def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
     below, above = [], []
     for row in rows:
         mean, low, high = row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"]
-        has_interval = _finite(mean) and _finite(low) and _finite(high)
+        has_interval = finite(mean) and finite(low) and finite(high)
         below.append(mean - low if has_interval else math.nan)  # nan: no error bar drawn
         above.append(high - mean if has_interval else math.nan)
     return [below, above]
 
 
 def _or_zero(value: Any) -> float:
-    return float(value) if _finite(value) else 0.0
-
-
-def report_runs(
-    paths: Sequence[Path],
-    out_dir: Path,
-    baseline: str = DEFAULT_BASELINE,
-    metric: str | None = None,
-    metric_mode: str | None = None,
-) -> Report:
-    """Collect the runs under ``paths``, compare them and write the report into ``out_dir``."""
-    report = build_report(collect_runs(paths), baseline=baseline, metric=metric, metric_mode=metric_mode)
-    report.sources = list(paths)
-    write_report(report, out_dir)
-    log.info(
-        "report of %d runs (%s) in %d rows: %s",
-        report.run_count,
-        _counts(report),
-        len(report.rows),
-        out_dir / "report.md",
-    )
-    return report
+    return float(value) if finite(value) else 0.0

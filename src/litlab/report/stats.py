@@ -7,44 +7,43 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+from litlab.run.summary import finite
 
 CONFIDENCE = 0.95
 SIGNIFICANCE = 0.05  # a difference is significant when Welch's p-value is below this
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """The mean of n measurements and its 95 % confidence interval (None for fewer than two)."""
+class Estimate(NamedTuple):
+    """The mean of measurements and its 95 % confidence interval (None for fewer than two)."""
 
-    n: int
-    mean: float | None
+    mean: float | None = None
     low: float | None = None
     high: float | None = None
 
 
 def finite_values(values: Iterable[Any]) -> list[float]:
     """The finite numbers among ``values`` (a run without the figure, or with nan, is left out)."""
-    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return [float(v) for v in values if finite(v)]
 
 
 def estimate(values: Iterable[Any]) -> Estimate:
     """Mean and two-sided 95 % t-interval of the finite ``values``; one value has no interval."""
     sample = finite_values(values)
     if not sample:
-        return Estimate(0, None)
+        return Estimate()
     mean = math.fsum(sample) / len(sample)
     if len(sample) == 1:
-        return Estimate(1, mean)
+        return Estimate(mean)
     if min(sample) == max(sample):  # no spread: scipy warns and returns nan; the interval is the value
-        return Estimate(len(sample), mean, mean, mean)
+        return Estimate(mean, mean, mean)
     from scipy import stats  # imported on use: the report callback loads in every run
 
     with warnings.catch_warnings():  # nearly equal values: scipy's precision warning, the result holds
         warnings.simplefilter("ignore", RuntimeWarning)
         interval = stats.ttest_1samp(sample, 0.0).confidence_interval(CONFIDENCE)
-    return Estimate(len(sample), mean, float(interval.low), float(interval.high))
+    return Estimate(mean, float(interval.low), float(interval.high))
 
 
 def welch_p_value(sample: Iterable[Any], reference: Iterable[Any]) -> float | None:

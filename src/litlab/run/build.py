@@ -36,9 +36,9 @@ from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.pruners import trial_from_env
-from litlab.config.redact import Redaction, typed_overrides
+from litlab.config.redact import Redaction
 from litlab.config.rules import ConfigError, batch_sizes
-from litlab.errors import LitlabError, warn_about_setup
+from litlab.errors import LitlabError, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.failures import StopTogetherOnSigterm, WatchTheRanks
@@ -50,10 +50,9 @@ from litlab.run.loggers import (
     missing_package,
     redacting_class,
 )
-from litlab.run.summary import FAILED, Summary, sweep_job
+from litlab.run.summary import Summary, sweep_job
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
-from litlab.storage.roots import write_text_atomic
 from litlab.torchrun import join_restarted_torchrun_group
 
 if TYPE_CHECKING:
@@ -165,7 +164,7 @@ def check_by_building(cfg: DictConfig) -> None:
                 )
                 raise ConfigError(
                     f"optimizer={_choice('optimizer')} ({cfg.optimizer.get('_target_')}) rejects its "
-                    f"settings {settings}: {_one_line(error)}"
+                    f"settings {settings}: {one_line(error)}"
                 ) from None
     except LitlabError as error:
         raise ConfigError(error.reason) from None
@@ -178,18 +177,13 @@ def _instantiate(group: str, node: DictConfig, **kwargs: Any) -> Any:
     except InstantiationException as error:
         cause = error.__cause__ or error
         if isinstance(cause, (ValueError, TypeError, OSError, ImportError)):
-            raise LitlabError(f"{group}={_choice(group)}: {_one_line(cause)}") from error
+            raise LitlabError(f"{group}={_choice(group)}: {one_line(cause)}") from error
         raise
 
 
 def _choice(group: str) -> str:
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     return str(choices.get(group, "?"))
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__
 
 
 class NoProfiler(PassThroughProfiler):
@@ -220,7 +214,7 @@ def refused_in_one_line(part: str, target: Any, settings: Any = None) -> Iterato
 
 def _refusal(target: str, error: BaseException, settings: Any) -> str:
     """The library's reason, with what to do where litlab knows it."""
-    reason = f"{type(error).__name__}: {_one_line(error)}"
+    reason = f"{type(error).__name__}: {one_line(error)}"
     if target.endswith("MLFlowLogger") and "file" in reason.lower() and "store" in reason.lower():
         import mlflow
 
@@ -237,17 +231,8 @@ def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
     """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
     if not run.is_global_zero:
         return
-    hydra = HydraConfig.get()
-    summary = Summary.of_config(
-        cfg,
-        FAILED,
-        reason,
-        run_dir=run.dir,
-        choices=dict(hydra.runtime.choices),
-        overrides=typed_overrides(hydra.overrides.task),  # as typed: not with the environment's values
-        sweep=sweep_job(),
-    )
-    write_text_atomic(run.dir / "summary.json", summary.to_json())
+    summary = Summary.failed(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
+    summary.write(run.dir / "summary.json")
     run.storage.write_text("summary.json", summary.to_json())
 
 

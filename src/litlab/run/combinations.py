@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from omegaconf import DictConfig
 
-from litlab.errors import LitlabError, check_gpus_available
+from litlab.errors import LitlabError, check_gpus_available, one_line
 
 # What Lightning's accelerator names run on.
 _DEVICE_OF = {"gpu": "cuda", "cuda": "cuda", "mps": "mps", "tpu": "tpu", "cpu": "cpu"}
@@ -84,8 +84,7 @@ def trainer_errors(trainer: DictConfig, strategy: DictConfig, precision: DictCon
             f"trainer.accelerator={trainer.get('accelerator', 'auto')} strategy={strategy.name} "
             f"precision={precision.name}"
         )
-        reason = " ".join(str(error).split())
         raise LitlabError(
-            f"{options} cannot run here: {reason} (use trainer.accelerator=cpu strategy=auto precision=fp32, "
-            "which run anywhere, or the options this names)"
+            f"{options} cannot run here: {one_line(error)} (use trainer.accelerator=cpu strategy=auto "
+            "precision=fp32, which run anywhere, or the options this names)"
         ) from error

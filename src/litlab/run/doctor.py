@@ -9,12 +9,11 @@ instability, input-bound, small micro-batch) is a WARNING at the end of the run,
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from litlab.run.summary import Summary
+from litlab.run.summary import Summary, finite
 
 log = logging.getLogger("litlab")
 
@@ -36,24 +35,16 @@ class Finding:
     evidence: str  # what the run's numbers show
     cures: str  # the usual cures, as the settings to change
 
-    def line(self) -> str:
-        return f"doctor: {self.symptom}: {self.evidence}. Usual cures: {self.cures}"
-
 
 def diagnose(summary: Summary) -> list[dict[str, Any]]:
     """Every finding of the run's numbers, as summary.json's ``diagnosis`` entries."""
-    findings = [finding for check in CHECKS if (finding := check(summary)) is not None]
-    return [asdict(finding) for finding in findings]
+    return [asdict(finding) for check in CHECKS if (finding := check(summary)) is not None]
 
 
 def warn(diagnosis: list[dict[str, Any]]) -> None:
     """One WARNING line per finding."""
     for entry in diagnosis:
-        log.warning(Finding(**entry).line())
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+        log.warning("doctor: %s: %s. Usual cures: %s", entry["symptom"], entry["evidence"], entry["cures"])
 
 
 def _validated_epochs(summary: Summary) -> list[dict[str, Any]]:
@@ -62,7 +53,7 @@ def _validated_epochs(summary: Summary) -> list[dict[str, Any]]:
     return [
         entry
         for entry in summary.history or []
-        if _finite((entry.get("metrics") or {}).get(name)) and _finite(entry.get("train_loss"))
+        if finite((entry.get("metrics") or {}).get(name)) and finite(entry.get("train_loss"))
     ]
 
 
@@ -98,7 +89,7 @@ def underfitting(summary: Summary) -> Finding | None:
     epochs = _validated_epochs(summary)
     history = summary.history or []
     start = history[0].get("train_loss_start") if history else None
-    if len(epochs) < MIN_EPOCHS or not _finite(start) or start <= 0:
+    if len(epochs) < MIN_EPOCHS or not finite(start) or start <= 0:
         return None
     name = summary.optimized_metric
     first, last = epochs[0], epochs[-1]
@@ -146,7 +137,7 @@ def instability(summary: Summary) -> Finding | None:
 def input_bound(summary: Summary) -> Finding | None:
     wait = summary.input_wait or {}
     share = wait.get("share")
-    if not _finite(share) or share < INPUT_BOUND_SHARE or (wait.get("batches") or 0) < MIN_MEASURED_BATCHES:
+    if not finite(share) or share < INPUT_BOUND_SHARE or (wait.get("batches") or 0) < MIN_MEASURED_BATCHES:
         return None
     return Finding(
         "input-bound",
@@ -161,7 +152,7 @@ def input_bound(summary: Summary) -> Finding | None:
 def small_micro_batch(summary: Summary) -> Finding | None:
     memory = summary.memory or {}
     total = summary.device_memory_mib
-    if memory.get("kind") != "cuda" or not _finite(total) or total <= 0:
+    if memory.get("kind") != "cuda" or not finite(total) or total <= 0:
         return None
     peak = max(memory.get("max_allocated_mib_per_rank") or [0.0])
     if peak >= SMALL_BATCH_MEMORY_SHARE * total:

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from litlab.config.rules import ConfigError
-from litlab.errors import LitlabError, spawned_rank_failure
+from litlab.errors import EXIT_FAILED, LitlabError, error_line, one_line, spawned_rank_failure
 from litlab.run.failures import World, current_world, lost_a_peer
 from litlab.run.hangs import follow_an_ending_run
 
@@ -48,7 +48,7 @@ def one_line_errors() -> Iterator[None]:
         try:
             yield
         except (ConfigError, MisconfigurationException) as error:
-            raise LitlabError(" ".join(str(error).split())) from error  # Lightning's span lines
+            raise LitlabError(one_line(error)) from error  # Lightning's span lines
     except LitlabError as error:
         log.error(error.reason)
         _exit_in_one_line(error, error.exit_code)
@@ -56,12 +56,12 @@ def one_line_errors() -> Iterator[None]:
         spawned = spawned_rank_failure(error)
         if spawned is not None:  # strategy=ddp_spawn: the rank's traceback went to its own output
             log.error(spawned)
-            _exit_in_one_line(LitlabError(spawned), 1)
+            _exit_in_one_line(LitlabError(spawned), EXIT_FAILED)
         world = current_world()
         if world is None:
             raise
         log.error("rank %d stopped", world.rank, exc_info=not lost_a_peer(error))
-        _exit_in_one_line(error, 1)
+        _exit_in_one_line(error, EXIT_FAILED)
 
 
 def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
@@ -71,7 +71,7 @@ def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
     reason = _explained(world, error) if world is not None else error.reason
     if world is not None:
         world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
-    sys.stderr.write(f"litlab: error: {reason}\n")  # the last line of stderr, like preflight's
+    sys.stderr.write(error_line(reason) + "\n")  # the last line of stderr, like preflight's
     sys.exit(exit_code)
 
 

@@ -2,9 +2,10 @@
 
 A rank that raises records why in the ranks' store and closes its process group, so peers in a
 collective fail at once and read it; a rank that dies without a word is named by the ranks on its
-machine (``WatchTheRanks``, with a watchdog after ``GRACE_S``). ``StopTogetherOnSigterm`` stops every
-rank at the same batch after a SIGTERM; ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s
-retry. Hangs are ``litlab.run.hangs``'s. The behaviour: docs/launch.md, "When a rank fails".
+machine (``World``, set up by ``WatchTheRanks``; the rank's watchdog, ``litlab.run.hangs``, ends it
+``GRACE_S`` after such a death if no collective did). ``StopTogetherOnSigterm`` stops every rank at the
+same batch after a SIGTERM; ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s retry. The
+behaviour: docs/launch.md, "When a rank fails".
 """
 
 from __future__ import annotations
@@ -17,19 +18,18 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
-import psutil
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
-from litlab.errors import LitlabError, error_chain
+from litlab import heartbeat
+from litlab.errors import LitlabError, error_chain, one_line
 from litlab.heartbeat import HEARTBEAT
 from litlab.library_internals import (
     cluster_environment,
@@ -37,12 +37,11 @@ from litlab.library_internals import (
     raise_sigterm_after_this_batch,
     take_child_processes,
 )
-from litlab.storage.checkpoints import in_an_epochs_last_batch
+from litlab.storage.checkpoints import in_an_epochs_last_batch, kept_checkpoint
 
 log = logging.getLogger("litlab")
 
 GRACE_S = 30  # after a peer on this machine died: time to notice it through a collective
-POLL_S = 1.0  # how often the watchdog looks at the peers
 RECORD_WAIT_S = 5  # how long a rank that lost a peer waits for the peer's record
 OOM_AGREEMENT_S = 10  # how long a rank out of memory waits for every other rank to say the same
 CHILDREN_EXIT_S = 30  # how long Lightning's launching process waits for its children at exit
@@ -56,19 +55,6 @@ _PEER_LOST = (
 )
 
 
-class RankFailure(LitlabError):
-    """A multi-rank run stopped because one of its ranks failed or died."""
-
-    exit_code = 1
-
-
-@dataclass
-class Peer:
-    rank: int
-    host: str
-    pid: int
-
-
 @dataclass
 class World:
     """This process's view of the ranks of the multi-rank fit it takes part in."""
@@ -78,7 +64,7 @@ class World:
     size: int
     store: Any  # torch.distributed.Store, shared by every rank
     prefix: str
-    peers: dict[int, Peer] = field(default_factory=dict)
+    peers: dict[int, dict[str, Any]] = field(default_factory=dict)  # heartbeat records, at setup
     children: dict[int, subprocess.Popen] = field(default_factory=dict)  # Lightning's, by global rank
     ended: dict[int, str] = field(default_factory=dict)  # ranks found dead, and how they ended
     explained: dict[int, str] = field(default_factory=dict)  # id(error) -> its one-line reason
@@ -101,10 +87,10 @@ class World:
             return None
 
     def register(self) -> None:
-        """Tell every rank this process's host and pid, and learn theirs."""
-        me = Peer(self.rank, socket.gethostname(), os.getpid())
-        self._set(f"peer/{self.rank}", {"host": me.host, "pid": me.pid})
-        keys = [f"{self.prefix}/peer/{rank}" for rank in range(self.size)]
+        """Tell every rank this rank's heartbeat record (host, pid), and learn theirs; the watchdog
+        keeps the record new under the same key."""
+        self._set(f"beat/{self.rank}", heartbeat.record())
+        keys = [f"{self.prefix}/beat/{rank}" for rank in range(self.size)]
         try:
             self.store.wait(keys, dt.timedelta(seconds=60))
         except Exception as error:
@@ -112,9 +98,9 @@ class World:
                 "failures: not every rank registered (%s); dead peers are found by their errors", error
             )
         for rank in range(self.size):
-            found = self._get(f"peer/{rank}")
+            found = self._get(f"beat/{rank}")
             if found is not None:
-                self.peers[rank] = Peer(rank, found["host"], int(found["pid"]))
+                self.peers[rank] = found
 
     def record(self, reason: str) -> None:
         self._set(f"failed/{self.rank}", {"reason": reason})
@@ -130,9 +116,9 @@ class World:
                 self.ended[rank] = _how_it_ended(code)
         host = socket.gethostname()
         for rank, peer in self.peers.items():
-            if rank == self.rank or rank in self.ended or peer.host != host or rank in self.children:
+            if rank == self.rank or rank in self.ended or peer["host"] != host or rank in self.children:
                 continue
-            if not _alive(peer.pid):
+            if not heartbeat.alive(peer["pid"], peer["process_started"]):
                 self.ended[rank] = "ended without a word (killed, e.g. by SIGKILL or the kernel's OOM killer)"
         return self.ended
 
@@ -158,7 +144,7 @@ class World:
 
     def _where(self, rank: int) -> str:
         peer = self.peers.get(rank)
-        return f" (pid {peer.pid} on {peer.host})" if peer else ""
+        return f" (pid {peer['pid']} on {peer['host']})" if peer else ""
 
     # --- the one line ------------------------------------------------------------------------------
 
@@ -169,26 +155,19 @@ class World:
             return self.explained[id(error)]
         if lost_a_peer(error):
             cause = self.peer_cause() or (
-                f"rank {self.rank} lost its connection to another rank ({_first_line(error)}) and no rank "
+                f"rank {self.rank} lost its connection to another rank ({one_line(error)[:200]}) and no rank "
                 "said why (a rank on another machine died, or its machine did)"
             )
         elif isinstance(error, LitlabError):  # already names the step and what to do
             cause = f"rank {self.rank}: {error.reason}"
             self.record(cause)
         else:
-            what = _one_line(f"{type(error).__name__}: {error}")
+            what = one_line(f"{type(error).__name__}: {error}")
             cause = f"rank {self.rank} failed at global step {self.trainer.global_step}: {what}"
             self.record(cause)
-        reason = f"{cause}; every rank stopped; {self.kept()}"
+        reason = f"{cause}; every rank stopped; {kept(self.trainer)}"
         self.explained[id(error)] = reason
         return reason
-
-    def kept(self) -> str:
-        from litlab.storage.checkpoints import kept_checkpoint
-
-        if self.rank == 0:
-            return f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
-        return "the same command resumes from the newest checkpoint rank 0 wrote"
 
     def stop(self) -> None:
         """Leave the run: close this rank's connections (a peer waiting in a collective with it fails at
@@ -210,39 +189,6 @@ class World:
             except subprocess.TimeoutExpired:
                 child.kill()
 
-    # --- the watchdog ------------------------------------------------------------------------------
-
-    def watch(self) -> None:
-        """Until the fit ends: end this process GRACE_S after a peer on this machine died, if it has not
-        noticed by itself by then."""
-        noticed_at = None
-        while self.running:
-            time.sleep(POLL_S)
-            if not self.running:
-                return
-            ended = self.look_at_peers()
-            if not ended:
-                continue
-            if noticed_at is None:
-                noticed_at = time.monotonic()
-                rank = min(ended)
-                log.warning(
-                    "rank %d%s %s; this rank stops at its next collective",
-                    rank,
-                    self._where(rank),
-                    ended[rank],
-                )
-            elif time.monotonic() - noticed_at > GRACE_S:
-                cause = self.peer_cause(wait_s=0) or "another rank ended"
-                sys.stderr.write(
-                    f"litlab: error: {cause}; rank {self.rank} waited {GRACE_S} s in no collective with "
-                    f"it and was stopped; {self.kept()}\n"
-                )
-                sys.stderr.flush()
-                for child in self.children.values():
-                    child.kill()
-                os._exit(RankFailure.exit_code)
-
 
 _current: World | None = None
 _fits = 0  # multi-rank fits this process started (oom=auto_shrink fits again): keys of one are its own
@@ -251,6 +197,13 @@ _fits = 0  # multi-rank fits this process started (oom=auto_shrink fits again): 
 def current_world() -> World | None:
     """The multi-rank fit this process takes part in (kept after the fit, for its failure's line)."""
     return _current
+
+
+def kept(trainer: L.Trainer) -> str:
+    """What a failed run leaves to resume from, as the failure's line says it on this rank."""
+    if trainer.is_global_zero:
+        return f"{kept_checkpoint(trainer)}: the same command resumes from it"
+    return "the same command resumes from the newest checkpoint rank 0 wrote"
 
 
 def lost_a_peer(error: BaseException) -> bool:
@@ -265,8 +218,9 @@ def lost_a_peer(error: BaseException) -> bool:
 
 
 class WatchTheRanks(Callback):
-    """Sets up ``World`` for a multi-rank fit: registers this rank, takes over from Lightning's
-    child-process observer and starts the watchdog. Does nothing in a single-process run."""
+    """Sets up ``World`` for a multi-rank fit: registers this rank and takes over from Lightning's
+    child-process observer (the rank's watchdog, ``litlab.run.hangs``, watches the peers). Does
+    nothing in a single-process run."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         global _current, _fits
@@ -284,7 +238,6 @@ class WatchTheRanks(Callback):
         world.children = _lightning_children(trainer)
         world.register()
         _current = world
-        threading.Thread(target=world.watch, name="litlab-rank-watchdog", daemon=True).start()
         if world.children:
             atexit.register(world.wait_for_children)  # an exit of any kind: the children end first
 
@@ -455,8 +408,7 @@ def _epoch_ending(trainer: L.Trainer) -> bool:
 
 
 def _requeue_this_job() -> None:
-    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    job = f"{array_job}_{task}" if array_job and task else os.environ["SLURM_JOB_ID"]
+    job = heartbeat.slurm_job_id()
     result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if result.returncode == 0:
         log.warning("requeued Slurm job %s: it resumes from preempted.ckpt when it starts again", job)
@@ -471,18 +423,3 @@ def _how_it_ended(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _first_line(error: BaseException) -> str:
-    return _one_line(str(error))[:200]

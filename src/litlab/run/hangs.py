@@ -1,9 +1,12 @@
-"""A rank that is alive but makes no progress ends the run in one line, and so does a preemption that
-cannot reach a common batch boundary, or its end, within ``preempt_grace``.
+"""This rank's one watchdog: a peer on this machine that died, a rank that is alive but makes no
+progress, and a preemption that cannot reach a common batch boundary, or its end, within
+``preempt_grace``, each end the run in one line.
 
-A ``Watchdog`` thread per rank reads its heartbeat (``litlab.heartbeat``) and shares it through the
-ranks' store; when every rank is stalled, one names the rank the others wait for and every rank
-writes its stacks and ends. How a hang is told from a long step: docs/launch.md, "When a rank hangs".
+``Watchdog`` is a job of the process's watchdog thread (``litlab.heartbeat.watch``): it writes this
+rank's heartbeat record and shares it through the ranks' store (``litlab.run.failures.World``); when
+every rank is stalled, one names the rank the others wait for and every rank writes its stacks (its
+DataLoader workers' too) and ends. How a hang is told from a long step: docs/launch.md, "When a rank
+hangs".
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab import heartbeat
+from litlab.errors import EXIT_FAILED, EXIT_PREEMPTED, error_line
 from litlab.heartbeat import (
     DATA,
     HEARTBEAT,
@@ -42,15 +46,13 @@ from litlab.heartbeat import (
     order,
 )
 from litlab.run import failures
-from litlab.storage.checkpoints import kept_checkpoint
+from litlab.storage.checkpoints import newest_checkpoint
 
 log = logging.getLogger("litlab")
 
-HANG_EXIT_CODE = 1  # a failed run, as a failed rank's
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 END_WITHIN_S = 45  # after deciding to end: stacks, summary.json, the children; then faulthandler ends it
 SUMMARY_WAIT_S = 10  # a summary.json write to a storage that stalls too is given up after this
-PY_SPY_S = 15
+PY_SPY_S = 15  # for all of py-spy's dumps together
 # A record this much older than its rank's poll counts as stalled: that rank's watchdog cannot run.
 SILENT_AFTER_POLLS = 5
 PREEMPTION_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}  # SIGUSR1: Slurm's requeue signal
@@ -84,12 +86,12 @@ class HangWatch(Callback):
     # --- the watchdog's life -----------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.hang_timeout <= 0 and self.preempt_grace <= 0:
-            return
         HEARTBEAT.reset()
         HEARTBEAT.beat(STARTING, trainer.global_step, first=not self.trained)
-        self.watchdog = Watchdog(self, trainer)
-        self.watchdog.start()
+        watchdog = Watchdog(self, trainer)
+        if self.hang_timeout > 0 or self.preempt_grace > 0 or watchdog.world() is not None:
+            self.watchdog = watchdog
+            watchdog.start()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.watchdog is not None:
@@ -157,40 +159,48 @@ class HeartbeatAfterYourCallbacks(Callback):
 
 
 class Watchdog:
-    """This rank's watchdog thread (see the module's docstring)."""
+    """This rank's watchdog (see the module's docstring)."""
 
     def __init__(self, watch: HangWatch, trainer: L.Trainer) -> None:
         self.watch, self.trainer = watch, trainer
         self.rank = trainer.global_rank
         self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
-        self.running = True
+        self.records: dict[int, dict[str, Any]] = {}  # the ranks' heartbeat records, this one's included
+        self.peer_lost_at: float | None = None  # when a peer on this machine was found dead
         self.preempted_at: float | None = None
         self.stopping_at: float | None = None  # when the run began to stop at a boundary, for a SIGTERM
         self.stopping_step = 0
         self.signal_pipe: tuple[int, int] | None = None
         self.previous_wakeup_fd: int | None = None
-        self.thread = threading.Thread(target=self._run, name="litlab-hang-watchdog", daemon=True)
         self.ending = threading.Lock()  # held by the one thread that ends this process
         self.stopped = False
-        self.arming = threading.Lock()  # stop_watching's cancel is never followed by this thread's arming
+        # Held while the watchdog reads the signal pipe, arms faulthandler or writes its record file:
+        # stop() closes the pipe and removes the file, stop_watching() cancels faulthandler, never
+        # in the middle of one of these.
+        self.lock = threading.Lock()
 
     def start(self) -> None:
         global _current
         _current = self
-        self.thread.start()
+        heartbeat.watch("rank", self.poll, self.tick)
 
     def stop(self) -> None:
-        """Ends the thread at its next look; gives the wakeup fd back (the thread closes the pipe's read
-        end: closed here, its number could be reused while the thread reads it)."""
-        if self.stopped:
-            return
-        self.stopped, self.running = True, False
-        # Here too, not only at the thread's next look: the process may end before that look.
-        (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
-        if self.signal_pipe is not None and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError):
-                signal.set_wakeup_fd(self.previous_wakeup_fd if self.previous_wakeup_fd is not None else -1)
-            os.close(self.signal_pipe[1])
+        """Ends the watch and gives the wakeup fd back."""
+        with self.lock:
+            if self.stopped:
+                return
+            self.stopped = True
+            heartbeat.unwatch("rank", self.tick)
+            (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
+            if self.signal_pipe is not None:
+                if threading.current_thread() is threading.main_thread():
+                    with contextlib.suppress(ValueError):
+                        signal.set_wakeup_fd(
+                            -1 if self.previous_wakeup_fd is None else self.previous_wakeup_fd
+                        )
+                for end in self.signal_pipe:
+                    os.close(end)
+                self.signal_pipe = None
 
     def stopping(self, step: int) -> None:
         """The run stops at global step ``step`` for a SIGTERM: from now on it must make progress
@@ -213,23 +223,12 @@ class Watchdog:
         self.previous_wakeup_fd = previous if previous >= 0 else None
         self.signal_pipe = (read_end, write_end)
 
-    # --- the loop ----------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while self.running:
-            time.sleep(self.poll)
-            if not self.running:
-                break
-            try:
-                self.tick()
-            except Exception as error:  # the watchdog must never be what ends a healthy run
-                log.debug("hangs: watchdog tick failed: %s", error, exc_info=True)
-        if self.signal_pipe is not None:
-            os.close(self.signal_pipe[0])
-        # A run that went on (or finished) leaves no stale "where it is" behind.
-        (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").unlink(missing_ok=True)
+    # --- one look ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
+        world = self.world()
+        if world is not None:
+            self.look_at_peers(world)
         if self.stopping_at is not None:
             # Each rank on its own, without the ranks' store: rank 0 (its host) may have ended already.
             idle = time.monotonic() - max(self.stopping_at, HEARTBEAT.at)
@@ -237,88 +236,87 @@ class Watchdog:
                 self.end("stop", self.stop_cause())
             # If this thread cannot run (a stuck call that holds the GIL), faulthandler's own thread
             # prints every stack and ends the process: pushed back at every look while this one runs.
-            with self.arming:
+            with self.lock:
                 if not self.stopped:
                     faulthandler.dump_traceback_later(self.watch.preempt_grace + END_WITHIN_S, exit=True)
             return
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
         hang_timeout = self.watch.hang_timeout
         stalled = hang_timeout > 0 and stalled_for > allowance(state, hang_timeout)
-        record = {
-            **asdict(state),
-            "stalled": stalled,
-            "stalled_for": round(stalled_for, 1),
-            "at": time.time(),
-        }
-        self._publish(record)
-        end = self._read("end")
+        self.publish(heartbeat.record(stalled=stalled, stalled_for=round(stalled_for, 1)), world)
+        end = world._get("hang/end") if world is not None else None
         if end is not None:
             self.end(end["kind"], end["cause"])
-        self._look_for_preemption()
+        self.look_for_preemption()
         preempted_for = time.monotonic() - (self.preempted_at or time.monotonic())
         if preempted_for > self.watch.preempt_grace and not HEARTBEAT.preempt_boundary_reached:
-            self.decide("preempt")
-        if stalled and self._every_rank_stalled():
-            self.decide("hang")
+            self.decide("preempt", world)
+        if stalled and self.every_rank_stalled(world):
+            self.decide("hang", world)
+
+    def look_at_peers(self, world: failures.World) -> None:
+        """End this rank ``GRACE_S`` after a peer on this machine died, if no collective did by then."""
+        ended = world.look_at_peers()
+        if not ended:
+            return
+        rank = min(ended)
+        if self.peer_lost_at is None:
+            self.peer_lost_at = time.monotonic()
+            log.warning(
+                "rank %d%s %s; this rank stops at its next collective", rank, world._where(rank), ended[rank]
+            )
+        elif time.monotonic() - self.peer_lost_at > failures.GRACE_S:
+            cause = world.peer_cause(wait_s=0) or "another rank ended"
+            self.end(
+                "peer", f"{cause}; rank {self.rank} waited {failures.GRACE_S} s in no collective with it"
+            )
 
     # --- what the ranks tell each other ------------------------------------------------------------
 
-    def _world(self) -> failures.World | None:
+    def world(self) -> failures.World | None:
         world = failures.current_world()
         return world if world is not None and world.running and world.trainer is self.trainer else None
 
-    def _publish(self, record: dict[str, Any]) -> None:
-        path = self.watch.run_dir / f"heartbeat-rank{self.rank}.json"
-        with contextlib.suppress(OSError):  # for people looking at a running job; never required
-            path.write_text(
-                json.dumps({**record, "phase_in_words": describe(State(**_state_fields(record)))})
-            )
+    def publish(self, record: dict[str, Any], world: failures.World | None) -> None:
+        """This rank's heartbeat record, for people (the run folder) and the other ranks (the store)."""
+        with self.lock, contextlib.suppress(OSError):  # the file is for people looking at a running job
+            if not self.stopped:  # stop() removed it: a run that went on leaves no stale one behind
+                (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").write_text(json.dumps(record))
         self.records = {self.rank: record}
-        world = self._world()
         if world is not None:
-            world._set(f"hang/beat/{self.rank}", record)
+            world._set(f"beat/{self.rank}", record)
             for rank in range(world.size):
-                found = world._get(f"hang/beat/{rank}") if rank != self.rank else None
+                found = world._get(f"beat/{rank}") if rank != self.rank else None
                 if found is not None:
                     self.records[rank] = found
 
-    def _read(self, key: str) -> dict[str, Any] | None:
-        world = self._world()
-        return world._get(f"hang/{key}") if world is not None else None
-
-    def _every_rank_stalled(self) -> bool:
-        world = self._world()
+    def every_rank_stalled(self, world: failures.World | None) -> bool:
         if world is None:
             return True
         silent_after = SILENT_AFTER_POLLS * self.poll + 5
         for rank in range(world.size):
-            record = self.records.get(rank)
-            if record is None:
+            record = self.records.get(rank, {})
+            if "stalled" not in record:
                 return False  # not watching yet: it is starting, or hang detection is off there
-            if not record["stalled"] and time.time() - record["at"] < silent_after:
+            if not record["stalled"] and time.time() - record["heartbeat"] < silent_after:
                 return False
         return True
 
-    def _look_for_preemption(self) -> None:
+    def look_for_preemption(self) -> None:
         if self.preempted_at is not None or self.watch.preempt_grace <= 0:
             return
         received = b""
-        if self.signal_pipe is not None:
-            with contextlib.suppress(BlockingIOError, OSError):
+        with self.lock, contextlib.suppress(BlockingIOError, OSError):
+            if self.signal_pipe is not None:
                 received = os.read(self.signal_pipe[0], 512)
+        # Only the ranks that got the signal count the grace: the first past it claims the end for all.
         if any(number in received for number in PREEMPTION_SIGNALS):
-            self.preempted_at = time.monotonic()
-            world = self._world()
-            if world is not None:
-                world._set("hang/preempted", {"rank": self.rank})
-        elif self._read("preempted") is not None:
             self.preempted_at = time.monotonic()
 
     # --- the end -----------------------------------------------------------------------------------
 
-    def decide(self, kind: str) -> None:
+    def decide(self, kind: str, world: failures.World | None) -> None:
         """Claim the run's end (one rank says why), or follow the rank that claimed it."""
-        world = self._world()
         if world is not None:
             try:
                 claimed = world.store.add(f"{world.prefix}/hang/claim", 1) == 1
@@ -326,31 +324,29 @@ class Watchdog:
                 claimed = True  # the store is gone with rank 0: say it from here
             if not claimed:
                 return  # the claimant's record comes at a next tick
-        cause = self.hang_cause() if kind == "hang" else self.preemption_cause()
+        cause = self.hang_cause(world) if kind == "hang" else self.preemption_cause(world)
         if world is not None:
             world._set("hang/end", {"kind": kind, "cause": cause})
         self.end(kind, cause)
 
-    def stuck(self) -> tuple[int, dict[str, Any]]:
-        rank = min(self.records, key=lambda r: (*order(State(**_state_fields(self.records[r]))), r))
-        return rank, self.records[rank]
+    def stuck(self) -> tuple[int, str, float]:
+        """The rank the others wait for, where it is in words, and for how long it stalled."""
+        rank = min(self.records, key=lambda r: (*order(_state(self.records[r])), r))
+        record = self.records[rank]
+        return rank, describe(_state(record)), record.get("stalled_for", 0.0)
 
-    def hang_cause(self) -> str:
-        rank, record = self.stuck()
-        where = describe(State(**_state_fields(record)))
-        who = f"rank {rank}" if self._world() is not None else "the run"
-        stacks = self.watch.run_dir / (
-            "stacks-rank*.txt" if self._world() is not None else "stacks-rank0.txt"
-        )
+    def hang_cause(self, world: failures.World | None) -> str:
+        rank, where, stalled_for = self.stuck()
+        who = f"rank {rank}" if world is not None else "the run"
+        stacks = self.watch.run_dir / ("stacks-rank*.txt" if world is not None else "stacks-rank0.txt")
         return (
-            f"{who} made no progress for {record['stalled_for']:.0f} s in {where} "
+            f"{who} made no progress for {stalled_for:.0f} s in {where} "
             f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
         )
 
-    def preemption_cause(self) -> str:
-        rank, record = self.stuck()
-        where = describe(State(**_state_fields(record)))
-        who = f"rank {rank} is" if self._world() is not None else "it is"
+    def preemption_cause(self, world: failures.World | None) -> str:
+        rank, where, _ = self.stuck()
+        who = f"rank {rank} is" if world is not None else "it is"
         return (
             f"SIGTERM: the ranks did not reach a common batch boundary within "
             f"preempt_grace={self.watch.preempt_grace:g} s ({who} in {where}); "
@@ -369,50 +365,44 @@ class Watchdog:
         if not self.ending.acquire(blocking=False):
             while True:  # another thread of this process is ending it
                 time.sleep(1)
-        self.running = False
+        heartbeat.unwatch("rank", self.tick)
         faulthandler.dump_traceback_later(END_WITHIN_S, exit=True)  # whatever blocks below
-        code = HANG_EXIT_CODE if kind == "hang" else PREEMPTED_EXIT_CODE
         world = failures.current_world()
         if world is not None:
-            world.running = False  # the ranks' watchdog does not report peers that end now
-        self.dump_stacks()
-        if kind == "hang":
-            kept = (
-                world.kept()
-                if world is not None
-                else f"{kept_checkpoint(self.trainer)}: the same command resumes from it"
+            world.running = False  # peers that end now are not reported
+        self.dump_stacks(world)
+        if kind in ("hang", "peer"):  # a failure: what it leaves to resume from
+            reason, status, code = (
+                f"{cause}; every rank stopped; {failures.kept(self.trainer)}",
+                "failed",
+                EXIT_FAILED,
             )
-            reason = f"{cause}; every rank stopped; {kept}"
-            status = "failed"
-        elif kind == "preempt":
-            resumes = self.resume_point()
-            reason = f"{cause}; no preempted checkpoint was written; the next attempt resumes from {resumes}"
-            status = "interrupted"
-        else:  # "stop": stuck on the way out; preempted.ckpt is the newest checkpoint once written
-            reason = f"{cause}; the next attempt resumes from {self.resume_point()}"
-            status = "interrupted"
+        else:  # "preempt" or "stop" (stuck on the way out: preempted.ckpt is the newest once written)
+            written = "no preempted checkpoint was written; " if kind == "preempt" else ""
+            reason = f"{cause}; {written}the next attempt resumes from {self.resume_point()}"
+            status, code = "interrupted", EXIT_PREEMPTED
         log.error(reason)
         if self.trainer.is_global_zero:
-            self._record(reason, status)
+            self.record(reason, status)
         if world is not None:
             world.wait_for_children()  # they end by themselves at their next tick; killed at the deadline
         _end_child_processes()  # DataLoader workers (one may be the stuck part), py-spy
-        sys.stderr.write(f"litlab: error: {reason}\n")
+        sys.stderr.write(error_line(reason) + "\n")
         sys.stderr.flush()
         os._exit(code)
 
     def resume_point(self) -> str:
         if not self.trainer.is_global_zero:
             return "the newest checkpoint rank 0 wrote"
-        saved = getattr(getattr(self.trainer.strategy, "checkpoint_io", None), "last_saved", None)
-        if saved is not None:
-            return f"{saved[0]} (step {saved[1]})"
+        newest = newest_checkpoint(self.trainer)
+        if newest is not None:
+            return f"{newest[0]} (step {newest[1]})"
         started_from = self.watch.resume_from()
         if started_from:
             return f"{started_from}, the checkpoint this attempt started from"
         return "the start: no checkpoint was written yet"
 
-    def _record(self, reason: str, status: str) -> None:
+    def record(self, reason: str, status: str) -> None:
         writer = threading.Thread(
             target=self.watch.record_failure, args=(self.trainer, reason, status), daemon=True
         )
@@ -421,25 +411,37 @@ class Watchdog:
         if writer.is_alive():
             log.warning("summary.json: the storage's copy was not written in %d s", SUMMARY_WAIT_S)
 
-    def dump_stacks(self) -> None:
-        """Every thread's Python stack (faulthandler), and the native ones when py-spy is installed."""
+    def dump_stacks(self, world: failures.World | None = None) -> None:
+        """Every thread's Python stack (faulthandler), then with py-spy (where installed) the native
+        ones and those of this rank's child processes (DataLoader workers: one may be the stuck part)."""
         path = self.watch.run_dir / f"stacks-rank{self.rank}.txt"
-        state = HEARTBEAT.state
+        ranks = set()  # processes of other ranks (Lightning's launcher starts them here): they dump their own
+        if world is not None:
+            ranks = {peer["pid"] for peer in world.peers.values()} | {c.pid for c in world.children.values()}
+        children = [c for c in psutil.Process().children() if c.pid not in ranks]
+        py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        deadline = time.monotonic() + PY_SPY_S
         try:
             with open(path, "w") as file:
-                file.write(f"rank {self.rank} (pid {os.getpid()}), in {describe(state)}\n\n")
+                file.write(f"rank {self.rank} (pid {os.getpid()}), in {describe(HEARTBEAT.state)}\n\n")
                 file.flush()
                 faulthandler.dump_traceback(file=file, all_threads=True)
-                py_spy = shutil.which("py-spy")
-                if py_spy:
-                    file.write("\npy-spy dump --native:\n")
+                if py_spy is None:
+                    pids = ", ".join(str(c.pid) for c in children)
+                    missing = (
+                        f"; the stacks of its child processes ({pids}) are missing too" if children else ""
+                    )
+                    file.write(f"\nno native stacks: py-spy is not installed (pip install py-spy){missing}\n")
+                    return
+                for pid, native in [(os.getpid(), ["--native"]), *((c.pid, []) for c in children)]:
+                    file.write(f"\npy-spy dump {' '.join(native)} --pid {pid}:\n")
                     file.flush()
                     with contextlib.suppress(OSError, subprocess.SubprocessError):
                         subprocess.run(
-                            [py_spy, "dump", "--native", "--pid", str(os.getpid())],
+                            [py_spy, "dump", *native, "--pid", str(pid)],
                             stdout=file,
                             stderr=subprocess.STDOUT,
-                            timeout=PY_SPY_S,
+                            timeout=max(1.0, deadline - time.monotonic()),
                         )
         except OSError as error:
             log.warning("hangs: stacks not written to %s: %s", path, error)
@@ -453,9 +455,8 @@ def stop_watching() -> None:
     line): the watch of its stop ends; a process that goes on (a notebook) is not ended later."""
     watchdog = _current
     if watchdog is not None and watchdog.stopping_at is not None:
-        with watchdog.arming:
-            watchdog.stop()
-            faulthandler.cancel_dump_traceback_later()
+        watchdog.stop()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def follow_an_ending_run() -> None:
@@ -480,5 +481,5 @@ def _end_child_processes() -> None:
             child.kill()
 
 
-def _state_fields(record: dict[str, Any]) -> dict[str, Any]:
-    return {name: record[name] for name in State.__dataclass_fields__ if name in record}
+def _state(record: dict[str, Any]) -> State:
+    return State(**{name: record[name] for name in State.__dataclass_fields__ if name in record})

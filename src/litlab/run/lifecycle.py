@@ -8,6 +8,7 @@ reports, sweeps and resume read.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import platform
 import subprocess
@@ -27,6 +28,7 @@ from litlab.callbacks.run_stats import RunStats
 from litlab.config.identity import code_version, run_identity, run_settings, settings_fingerprint
 from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
+from litlab.errors import EXIT_PREEMPTED
 from litlab.logs import global_rank
 from litlab.run import doctor
 from litlab.run.ending import failure_reason
@@ -43,12 +45,9 @@ from litlab.storage.roots import (
     check_storage,
     storage_options,
     use_storage_options,
-    write_text_atomic,
 )
 
 log = logging.getLogger("litlab")
-
-PREEMPTED_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
 @dataclass
@@ -56,7 +55,6 @@ class Run:
     dir: Path
     identity: str
     storage: RunStorage
-    resume_from: str | None = None
     resume: resume.Decision | None = None
     started: float = field(default_factory=time.time)
     batch_sizes: BatchSizes | None = None
@@ -72,6 +70,11 @@ class Run:
     def __exit__(self, *exc: object) -> None:
         if self.lock is not None:
             self.lock.release()
+
+    @property
+    def resume_from(self) -> str | None:
+        """The checkpoint this start continues from; None for a fresh start."""
+        return self.resume.point.url if self.resume is not None and self.resume.point else None
 
     @property
     def checkpoint_dir(self) -> str:
@@ -127,11 +130,11 @@ class Run:
                 log.warning(
                     "SIGTERM: stopped at global step %d, exiting with status %d; the same command resumes",
                     trainer.global_step,
-                    PREEMPTED_EXIT_CODE,
+                    EXIT_PREEMPTED,
                 )
                 stop_watching()  # recorded: what is left is the exit
                 restore_signal_handlers()
-                raise SystemExit(PREEMPTED_EXIT_CODE) from error
+                raise SystemExit(EXIT_PREEMPTED) from error
             raise
 
     def _write_failed_summary(
@@ -157,10 +160,10 @@ def prepare_run(cfg: DictConfig) -> Run:
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
     rewritten = redact_hydra_record(run_dir) if run.is_global_zero else []
-    if rewritten:  # a credential typed on the command line, in Hydra's .hydra/
+    if rewritten:  # a credential written in a config file, in Hydra's .hydra/
         log.warning(
-            "a credential typed on the command line is redacted in %s/.hydra/ (%s); your shell's history "
-            "still holds it: pass it through the environment (${oc.env:NAME}) instead",
+            "a credential written in a config file is redacted in %s/.hydra/ (%s): pass it through the "
+            "environment (${oc.env:NAME}) instead",
             run_dir,
             ", ".join(rewritten),
         )
@@ -180,17 +183,14 @@ def prepare_run(cfg: DictConfig) -> Run:
     if run.resume.identity is not None:  # the run completed with other code: this code is a new run
         log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
         identity = run.identity = run.resume.identity
-        storage = run.storage = RunStorage(cfg.storage.root, identity, options)
+        storage = run.storage = run.resume.folder or storage
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
         if run.is_global_zero and not run.stored_in_own_dir:  # a sweep job's directory shows the outcome
             Summary.from_dict(run.resume.completed_summary).write(run_dir / "summary.json")
         return run
-    run.resume_from = run.resume.point.url if run.resume.point else None
     if run.is_global_zero:
-        storage.prepare()
-        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage)
-        resume.record_start(storage, run.resume, run_dir)
+        resume.begin(run.resume, run_dir, resume.tensorboard_dir(cfg))
         storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))  # no credentials (redact.py)
     log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
     return run
@@ -266,10 +266,9 @@ def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **
     summary = summarise(cfg, trainer, run, status, **extra)
     summary.diagnosis = doctor.diagnose(summary)  # what the run's own numbers show
     if run.is_global_zero:
-        text = summary.to_json()
-        write_text_atomic(run.dir / "summary.json", text)  # a full disk never leaves half a summary
+        summary.write(run.dir / "summary.json")
         if not run.stored_in_own_dir:
-            run.storage.write_text("summary.json", text)
+            run.storage.write_text("summary.json", summary.to_json())
     return summary
 
 
@@ -285,6 +284,7 @@ def summarise(
     hydra = HydraConfig.get()
     sizes = run.batch_sizes
     stats = run.stats.stats if run.stats is not None else {}
+    decision = run.resume or resume.Decision()
     return Summary(
         status=status,
         error=error,
@@ -314,11 +314,11 @@ def summarise(
         memory=stats.get("memory"),
         checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
         resume_exact=run.resume_exact,
-        resumed_count=run.resume.resumed_count if run.resume else 0,
-        resumed_across=run.resume.resumed_across if run.resume else [],
-        tensorboard_dir=_tensorboard_dir(run),
+        resumed_count=decision.resumed_count,
+        resumed_across=decision.resumed_across,
+        tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
         wall_time_s=round(time.time() - run.started, 3),
-        started_at=_isoformat(run.started),
+        started_at=dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
         finished_at=now(),
         sweep=sweep_job(),
         torch_flags=run.stats.torch_flags if run.stats is not None else None,
@@ -326,17 +326,6 @@ def summarise(
         git_commit=_git_commit(),
         **run.extra,
     )
-
-
-def _isoformat(timestamp: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
-
-
-def _tensorboard_dir(run: Run) -> str | None:
-    directory = run.resume.tensorboard_dir if run.resume is not None else None
-    return str(directory) if directory is not None else None
 
 
 def _cluster_environment(trainer: L.Trainer) -> str | None:

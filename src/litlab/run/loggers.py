@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from litlab.config.redact import url_without_userinfo
+from litlab.config.redact import redact_text, url_without_userinfo
 from litlab.errors import LitlabError
 from litlab.run.summary import Summary
 
@@ -52,20 +52,23 @@ def grouping_arguments(
 
 
 def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
-    """An MLflow logger's ``tracking_uri`` without user-info, its credentials moved into the
+    """A logger's metric-name ``prefix`` without URL user-info (it is written into every metric's name),
+    and an MLflow logger's ``tracking_uri`` without user-info, its credentials moved into the
     environment variables MLflow's client authenticates with. Variables already set are kept: MLflow
     sends those (as ``requests`` auth) even when the URL has user-info, so nothing changes who the run
     authenticates as. They stay set for the rest of the process (MLflow's client reads them at every
     request) and for the processes it starts (DDP ranks, sweep jobs)."""
+    prefix = logger_cfg.get("prefix")
+    arguments = {"prefix": redact_text(prefix)} if isinstance(prefix, str) and "@" in prefix else {}
     if logger_kind(logger_cfg) != "MLFlowLogger" or not logger_cfg.get("tracking_uri"):
-        return {}
+        return arguments
     bare, username, password = url_without_userinfo(str(logger_cfg.tracking_uri))
     if username is None:
-        return {}
+        return arguments
     for name, value in (("MLFLOW_TRACKING_USERNAME", username), ("MLFLOW_TRACKING_PASSWORD", password)):
         if value is not None and not os.environ.get(name):  # MLflow takes an empty one for none too
             os.environ[name] = value
-    return {"tracking_uri": bare}
+    return {**arguments, "tracking_uri": bare}
 
 
 class RedactsHyperparameters:

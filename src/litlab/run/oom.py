@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_e
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config.redact import redact
-from litlab.errors import LitlabError
+from litlab.errors import EXIT_FAILED, LitlabError
 from litlab.run.failures import every_rank_out_of_memory
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ _BATCH_COUNTS = ("limit_train_batches", "limit_val_batches", "limit_test_batches
 class OutOfMemory(LitlabError):
     """Training ran out of memory and was not (or could no longer be) retried smaller."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> Built:

@@ -1,7 +1,7 @@
 """summary.json: the one record of a run's outcome, read by resume, sweeps, reports and people.
 
-``Summary`` is its one definition, used by every writer and reader (``litlab.run.lifecycle``,
-``litlab.launch.multirun``, ``litlab.report.collect``); its fields are in docs/runs.md. Nothing here
+``Summary`` is its one definition and ``Summary.write`` its one writer (atomic, redacted); a run
+without a Trainer to ask gets ``Summary.failed``. Its fields are in docs/runs.md. Nothing here
 imports torch.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,7 @@ class Summary:
     wall_time_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    # A multirun job's place: dir, job_num; under the pool also devices, start, end, beside, command.
+    # A multirun job's place: dir, job_num (what the pool adds is in the sweep's record, .jobs/).
     sweep: dict[str, Any] | None = None
     world: dict[str, Any] | None = None  # the process group and steps per rank, checked after fit
     torch_flags: dict[str, Any] | None = None  # process-wide torch settings while training
@@ -104,7 +105,11 @@ class Summary:
         return json.dumps(redact_summary(self.to_dict()), indent=2, default=str) + "\n"
 
     def write(self, path: Path) -> None:
-        path.write_text(self.to_json())
+        """The one way a summary reaches a file: redacted, and atomic (a full disk or a kill never
+        leaves half a summary)."""
+        from litlab.storage.roots import write_text_atomic
+
+        write_text_atomic(path, self.to_json())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
@@ -117,21 +122,24 @@ class Summary:
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def of_config(
+    def failed(
         cls,
         cfg: DictConfig,
-        status: str,
         error: str | None,
         *,
         run_dir: Path | str | None,
-        choices: dict[str, Any],
-        overrides: list[str],
+        hydra: DictConfig | None,
+        status: str = FAILED,
         sweep: dict[str, Any] | None = None,
     ) -> Summary:
         """What a run's config says about it, for a run that has no Trainer to ask (it failed before
-        one existed, or its process died before writing a summary)."""
+        one existed, or its process died before writing a summary); ``hydra`` is the run's Hydra
+        node (its choices and overrides as typed), None where there is none."""
         from litlab.config.identity import run_settings
+        from litlab.config.redact import typed_overrides
         from litlab.config.rules import ConfigError, batch_sizes, device_count
+
+        hydra = hydra if hydra is not None else OmegaConf.create()
 
         def select(key: str) -> Any:
             value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
@@ -149,8 +157,8 @@ class Summary:
             experiment_name=select("experiment_name"),
             run_name=select("run_name"),
             run_dir=str(run_dir) if run_dir is not None else None,
-            groups=run_groups(choices),
-            overrides=list(overrides),
+            groups=run_groups(dict(OmegaConf.select(hydra, "runtime.choices", default=None) or {})),
+            overrides=typed_overrides(OmegaConf.select(hydra, "overrides.task", default=None) or []),
             optimized_metric=select("optimized_metric"),
             optimized_metric_mode=select("optimized_metric_mode"),
             precision={"requested": select("precision.value"), "effective": None},
@@ -174,13 +182,18 @@ def run_groups(choices: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in choices.items() if not str(k).startswith(_NOT_RUN_GROUPS)}
 
 
+def finite(value: Any) -> bool:
+    """A number that is neither nan nor inf (a metric worth comparing)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
 
 
 def sweep_job() -> dict[str, Any] | None:
-    """This run's place in a sweep (``dir``, ``job_num``; under the pool launcher also ``devices``,
-    ``start``, ``command``), or None outside a multirun."""
+    """This run's place in a sweep (``dir``, ``job_num``; under the Slurm, submitit and joblib
+    launchers also ``command``), or None outside a multirun."""
     inherited = os.environ.get(SWEEP_JOB_ENV)
     if inherited:  # the job's own process (and its ranks)
         return json.loads(inherited)

@@ -1,11 +1,12 @@
 """A sweep's own record of its jobs: ``<sweep dir>/.jobs/<job num>.json``, the only thing its report reads.
 
-Each entry holds the job's overrides, the run folder it linked, the run's summary as it was
-when the job ended, and its ``outcome``: this sweep trained it, skipped it (completed earlier), found
-it running elsewhere, or never started it. A later sweep, a later ``resume=never`` of the same runs,
-or moving the folder leaves the record, and so the report, as it was. ``sweep.json`` says which
-sweep the folder holds (its arguments) and which jobs were one run. One file per job: jobs of a
-Slurm array end in processes of their own.
+Each entry holds the job's overrides, the run folder it linked, the run's summary as it was when the
+job ended (its ``sweep`` with the device pool's own record of the job: its devices, start, end, the
+jobs beside it, its command; the pool never writes into a run's summary.json), and its ``outcome``:
+this sweep trained it, skipped it (completed earlier), found it running elsewhere, or never started
+it. A later sweep, a later ``resume=never`` of the same runs, or moving the folder leaves the record,
+and so the report, as it was. ``sweep.json`` says which sweep the folder holds (its arguments) and
+which jobs were one run. One file per job: jobs of a Slurm array end in processes of their own.
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ def write_job(
     run_dir: Path,
     overrides: list[str],
     note: str | None = None,
+    pool: dict[str, Any] | None = None,
 ) -> None:
-    """Record how job ``job_num`` ended (``outcome``), with its run's summary as it is now (a skipped
-    job's copy says ``sweep.skipped: true``; its ``sweep.dir`` names the sweep that trained it)."""
-    if outcome == SKIPPED:
-        summary = {**summary, "sweep": {**(summary.get("sweep") or {}), "skipped": True}}
+    """Record how job ``job_num`` ended (``outcome``), with its run's summary as it is now; the copy's
+    ``sweep`` adds ``pool``, the device pool's record of the job (``devices``, ``start``, ``end``,
+    ``beside``, ``command``). A skipped job's copy says ``sweep.skipped: true`` instead; its
+    ``sweep.dir`` names the sweep that trained it."""
+    added = {"skipped": True} if outcome == SKIPPED else pool
+    if added:
+        summary = {**summary, "sweep": {**(summary.get("sweep") or {}), **added}}
     entry = {
         "job_num": job_num,
         "outcome": outcome,

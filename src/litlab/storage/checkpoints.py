@@ -1,9 +1,13 @@
-"""Checkpoint policy: Lightning's ModelCheckpoint, arranged so that a run can always be resumed.
+"""Checkpoints: what a run writes, how, what it carries, and which one the same command resumes from.
 
-``run_checkpoints`` turns src/litlab/conf/callbacks/checkpoint.yaml into callbacks: the best ``save_top_k``,
-``last.ckpt`` from a ModelCheckpoint of its own (Lightning's ``save_last`` goes stale once the metric
-stops improving), and preempted.ckpt on SIGTERM (``PreemptionCheckpoint``). ``AtomicCheckpointIO``
-makes every write all-or-nothing; a failed write is ``StorageFailed``, one line. docs/storage.md.
+- ``run_checkpoints``: src/litlab/conf/callbacks/checkpoint.yaml as callbacks: the best ``save_top_k``,
+  ``last.ckpt`` (a ModelCheckpoint of its own: Lightning's ``save_last`` goes stale once the metric
+  stops improving), and preempted.ckpt on SIGTERM (``PreemptionCheckpoint``); ``TensorBoardSync``
+  keeps TensorBoard's curves with them.
+- ``AtomicCheckpointIO``: every write all-or-nothing; a failed one is ``StorageFailed``, one line.
+- ``newest_checkpoint``: the one place that says which checkpoint a stopped run resumes from.
+- ``RunConfigInCheckpoint`` / ``read_run_checkpoint``: the run's config inside each checkpoint, for
+  ``litlab-eval``. docs/storage.md.
 """
 
 from __future__ import annotations
@@ -11,8 +15,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
-import os
-import tempfile
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +28,16 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.errors import LitlabError
 from litlab.heartbeat import HEARTBEAT, CountingWriter
 from litlab.library_internals import last_global_step_saved
-from litlab.storage.roots import TEMPORARY_SUFFIX, copy_changed_files, failed_storage, writing
+from litlab.storage.roots import (
+    copy_changed_files,
+    failed_storage,
+    read_checkpoint,
+    write_atomic,
+    writing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +286,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # The hang detector counts a write's bytes as progress: a large checkpoint is not a hang.
         with writing(folder, name, url), HEARTBEAT.writing_checkpoint(step):
             if fsspec.utils.get_protocol(str(path)) == "file":
-                _save_locally(checkpoint, Path(url.removeprefix("file://")))
+                write_atomic(
+                    Path(url.removeprefix("file://")),
+                    lambda file: torch.save(checkpoint, CountingWriter(file)),
+                    binary=True,
+                    durable=True,
+                )
             else:
                 buffer = io.BytesIO()
                 torch.save(checkpoint, CountingWriter(buffer))
@@ -284,25 +299,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 HEARTBEAT.uploading(buffer.tell())  # one request, no progress of its own to count
                 fs.pipe_file(remote, buffer.getvalue())
         self.last_saved = (url, int(checkpoint.get("global_step", 0)))
-
-
-def _save_locally(checkpoint: dict[str, Any], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, CountingWriter(f))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power loss
-    finally:
-        os.close(directory)
 
 
 def _storage_folder_and_name(url: str) -> tuple[str, str]:
@@ -313,14 +309,29 @@ def _storage_folder_and_name(url: str) -> tuple[str, str]:
     return folder, file
 
 
+def newest_checkpoint(trainer: L.Trainer) -> tuple[str, int] | None:
+    """``(url, global step)`` of the checkpoint the same command resumes from, as this process knows
+    it: the newest it wrote (global rank 0 writes them all, preempted.ckpt included), else the newest
+    file of a checkpoint callback without a monitor (every rank knows those; ``trainer.checkpoint_callback``
+    alone is the first callback, often a monitoring one). None before the first checkpoint."""
+    saved = getattr(getattr(trainer.strategy, "checkpoint_io", None), "last_saved", None)
+    if saved is not None:
+        return saved
+    written = [
+        (last_global_step_saved(callback), callback.last_model_path or callback.best_model_path)
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is None
+    ]
+    step, url = max(((step, url) for step, url in written if url), default=(0, None))
+    return (url, step) if url else None
+
+
 def kept_checkpoint(trainer: L.Trainer) -> str:
-    """What a run that failed leaves to resume from, in words (the newest checkpoint it wrote)."""
-    checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
-    saved = getattr(checkpoint_io, "last_saved", None)
-    if saved is None:
+    """What a run that failed leaves to resume from, in words (``newest_checkpoint``)."""
+    newest = newest_checkpoint(trainer)
+    if newest is None:
         return "no checkpoint was written before it"
-    url, step = saved
-    return f"the last checkpoint written, {url} (step {step}), is intact"
+    return f"the last checkpoint written, {newest[0]} (step {newest[1]}), is intact"
 
 
 # The key under which every checkpoint carries its run's config (read by litlab-eval).
@@ -369,11 +380,6 @@ def _plain(value: Any) -> Any:
 
 def read_run_checkpoint(url: str) -> dict[str, Any]:
     """A litlab checkpoint's contents; a LitlabError if the file is not one."""
-    import pickle
-
-    from litlab.errors import LitlabError
-    from litlab.storage.roots import read_checkpoint
-
     try:
         checkpoint = read_checkpoint(url)
     except FileNotFoundError as error:

@@ -1,9 +1,10 @@
 """One process at a time trains a run identity: a lock in the storage root, ``<root>/<identity>.lock``.
 
-``RunLock`` creates the lock exclusively (``O_EXCL``, a conditional PUT on S3), names its holder and
-rewrites it every ``HEARTBEAT_S`` seconds; a second start refuses in one line naming the holder. A lock
-left by a killed process is taken over when its process is gone, when an earlier start of the same
-Slurm job wrote it, or after ``STALE_AFTER_S``. Only global rank 0 takes it (docs/storage.md).
+``RunLock`` creates the lock exclusively (``O_EXCL``, a conditional PUT on S3) holding its holder's
+heartbeat record (``litlab.heartbeat.record``), which the watchdog thread rewrites every
+``HEARTBEAT_S`` seconds; a second start refuses in one line naming the holder. A lock left by a killed
+process is taken over when its process is gone, when an earlier start of the same Slurm job wrote it,
+or after ``STALE_AFTER_S``. Only global rank 0 takes it (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ import os
 import secrets
 import socket
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from litlab import heartbeat
 from litlab.errors import LitlabError
 from litlab.storage.roots import RunStorage, StorageError, failed_storage, write_text_atomic
 
@@ -40,6 +39,8 @@ class RunLocked(LitlabError):
 
 @dataclass
 class Holder:
+    """What a second start and the pool read of the lock: its holder's heartbeat record, and more."""
+
     host: str
     pid: int
     started: str  # when the holder took the lock (ISO time, for people)
@@ -47,27 +48,25 @@ class Holder:
     token: str  # tells this holder's writes from a later one's
     process_started: float | None = None  # its process's start time (a reused pid is another process)
     slurm_job: str | None = None
+    where: str | None = None  # where its run is (``litlab.heartbeat.describe``)
 
     @classmethod
-    def of_this_process(cls) -> Holder:
-        return cls(
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            started=dt.datetime.now().isoformat(timespec="seconds"),
-            heartbeat=time.time(),
-            token=secrets.token_hex(8),
-            process_started=psutil.Process().create_time(),
-            slurm_job=_slurm_job(),
-        )
+    def of_this_process(cls, started: str | None = None, token: str | None = None) -> Holder:
+        started = started or dt.datetime.now().isoformat(timespec="seconds")
+        return cls.of(heartbeat.record(started=started, token=token or secrets.token_hex(8)))
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Holder:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def stale_because(self) -> str | None:
         """Why this lock may be taken over; None while its holder may still be running."""
         if self.host == socket.gethostname():
             if self.pid == os.getpid():
                 return "it is this process's own"
-            if not _same_process_alive(self.pid, self.process_started):
+            if not heartbeat.alive(self.pid, self.process_started):
                 return f"its process {self.pid} is gone"
-        if self.slurm_job is not None and self.slurm_job == _slurm_job():
+        if self.slurm_job is not None and self.slurm_job == heartbeat.slurm_job_id():
             return f"it is an earlier start of Slurm job {self.slurm_job}, requeued"
         age = time.time() - self.heartbeat
         if age > STALE_AFTER_S:
@@ -76,7 +75,8 @@ class Holder:
 
     def describe(self) -> str:
         age = max(0.0, time.time() - self.heartbeat)
-        return f"pid {self.pid} on {self.host} since {self.started} (last heartbeat {age:.0f} s ago)"
+        where = f", in {self.where}" if self.where else ""
+        return f"pid {self.pid} on {self.host} since {self.started} (last heartbeat {age:.0f} s ago){where}"
 
 
 def lock_url(storage: RunStorage) -> str:
@@ -103,7 +103,6 @@ class RunLock:
     def __init__(self, storage: RunStorage) -> None:
         self.storage = storage
         self.holder: Holder | None = None
-        self._stop = threading.Event()
 
     def __getstate__(self) -> dict[str, Any]:
         # strategy=ddp_spawn pickles the run into its workers: a copy holds nothing (this process does).
@@ -126,24 +125,24 @@ class RunLock:
             if now is None or now.token != me.token:
                 raise RunLocked(refusal(self.storage, now or me))
         self.holder = me
-        threading.Thread(target=self._beat, name="litlab-lock-heartbeat", daemon=True).start()
+        heartbeat.watch(lock_url(self.storage), HEARTBEAT_S, self._beat)
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            if self.holder is None or failed_storage(self.storage.url) is not None:
-                return
-            try:
-                current = _read(self.storage)
-                if current is not None and current.token != self.holder.token:
-                    log.error("%s was taken over by %s", lock_url(self.storage), current.describe())
-                    return
-                self.holder.heartbeat = time.time()
-                _write(self.storage, self.holder)
-            except Exception as error:  # storage trouble shows where checkpoints are written
-                log.warning("lock heartbeat not written to %s: %s", lock_url(self.storage), error)
+        """The holder's heartbeat record, new, into the lock (a job of the watchdog thread)."""
+        if self.holder is None or failed_storage(self.storage.url) is not None:
+            return heartbeat.unwatch(lock_url(self.storage))
+        try:
+            current = _read(self.storage)
+            if current is not None and current.token != self.holder.token:
+                log.error("%s was taken over by %s", lock_url(self.storage), current.describe())
+                return heartbeat.unwatch(lock_url(self.storage))
+            self.holder = Holder.of_this_process(self.holder.started, self.holder.token)
+            _write(self.storage, self.holder)
+        except Exception as error:  # storage trouble shows where checkpoints are written
+            log.warning("lock heartbeat not written to %s: %s", lock_url(self.storage), error)
 
     def release(self) -> None:
-        self._stop.set()
+        heartbeat.unwatch(lock_url(self.storage))
         holder, self.holder = self.holder, None
         if holder is None or failed_storage(self.storage.url) is not None:
             return
@@ -196,7 +195,7 @@ def _write(storage: RunStorage, holder: Holder) -> None:
 def _read(storage: RunStorage) -> Holder | None:
     try:
         data: dict[str, Any] = json.loads(storage.fs.cat_file(_lock_path(storage)))
-        return Holder(**data)
+        return Holder.of(data)
     except FileNotFoundError:
         return None
     except (ValueError, TypeError):
@@ -209,18 +208,3 @@ def check_not_locked(storage: RunStorage) -> None:
     holder = held_by_another(storage)
     if holder is not None:
         raise StorageError(refusal(storage, holder))
-
-
-def _same_process_alive(pid: int, started: float | None) -> bool:
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(process.create_time() - started) < 1.0
-    except psutil.Error:
-        return False
-
-
-def _slurm_job() -> str | None:
-    job, task = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{job}_{task}" if job and task else job

@@ -1,9 +1,10 @@
 """The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
 
-``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
-not trained again (a run completed with other code gets a folder of its own, ``folder_for_code``); an
-unfinished one continues from its newest checkpoint that loads, whatever changed, with a warning.
-Rank 0 decides and hands the decision to the ranks Lightning launches.
+``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``, reading storage
+once per start: a completed run is not trained again (a run completed with other code gets a folder
+of its own, ``<identity>-<fingerprint[:8]>``); an unfinished one continues from its newest checkpoint
+that loads, whatever changed, with a warning. ``find`` is its read-only first half (the folder and
+the completed summary), which names the run's folder and the pool's check before a job starts.
 """
 
 from __future__ import annotations
@@ -11,21 +12,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from litlab.storage.roots import RunStorage
-from litlab.torchrun import agreed_with_rank_zero
+from litlab.errors import one_line
+from litlab.storage.roots import RunStorage, read_checkpoint
 
 log = logging.getLogger("litlab")
 
 AUTO, NEVER = "auto", "never"
-DECISION_ENV = "LITLAB_RESUME_DECISION"  # rank 0's decision, inherited by the ranks Lightning launches
 RECORD = "run.json"
 
 
@@ -49,6 +48,8 @@ class Decision:
     identity: str | None = None  # the storage folder of another version of the code than the first
     code: dict[str, Any] | None = field(default=None, compare=False)  # this start's, run.json records it
     resumed_across: list[str] = field(default_factory=list)  # "code a→b": trained partly under each
+    folder: RunStorage | None = field(default=None, compare=False, repr=False)  # where the run is stored
+    record: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # its run.json
 
 
 def load_point(url: str) -> ResumePoint:
@@ -57,29 +58,61 @@ def load_point(url: str) -> ResumePoint:
     The whole file is read: truncation shows at its end, and a partial read could pass a file whose
     middle is damaged. Lightning loads it again in ``fit``; the cost is one extra read per resume.
     """
-    from litlab.storage.roots import read_checkpoint
-
     try:
         checkpoint = read_checkpoint(url)
     except Exception as error:  # torch, zipfile, pickle and fsspec each raise their own
         raise InvalidCheckpoint(f"{type(error).__name__}: {_first_line(error)}") from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= checkpoint.keys():
         raise InvalidCheckpoint("not a Lightning training checkpoint (no state_dict, loops or global_step)")
-    return ResumePoint(
-        url=url, epoch=int(checkpoint.get("epoch", 0)), global_step=int(checkpoint["global_step"])
+    return ResumePoint(url, int(checkpoint.get("epoch", 0)), int(checkpoint["global_step"]))
+
+
+# The records a start found when Hydra named its run folder, for that start's ``decide``: at most one.
+_KEPT: dict[tuple[str, str, str | None], Decision] = {}
+
+
+def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, keep: bool = False) -> Decision:
+    """The decision as the stored records make it, read-only, before any checkpoint is loaded: the
+    folder for this code (``Decision.folder``, ``.identity``) and, for ``resume=auto``, the summary
+    of a run that completed there. ``keep``: kept (or the kept one reused) for this start's
+    ``decide``, which takes it: a start reads the records once.
+
+    The folder is the identity's own while it is empty, unfinished (a preempted or crashed run
+    continues whatever changed: a Slurm requeue never starts over), or completed with this code (or
+    before litlab recorded code). Once it completed with other code, a folder of a later version: the
+    one named for this code (always with ``resume=never``: what it sets aside never changes which
+    folder another rank finds) or else one that completed with this code, or else the newest
+    unfinished one, as the identity's own would be.
+    """
+    key = (storage.url, mode, code["fingerprint"] if code else None)
+    found = _KEPT.get(key) if keep else _KEPT.pop(key, None)
+    if found is None:
+        found = _find(mode, storage, code)
+        if keep:
+            _KEPT.clear()
+            _KEPT[key] = found
+    return found
+
+
+def _find(mode: str, storage: RunStorage, code: dict[str, Any] | None) -> Decision:
+    folder, summary, record = storage, _read_json(storage, "summary.json"), _read_json(storage, RECORD)
+    if code is not None and _completed(summary) and _recorded_code(record) not in (None, code["fingerprint"]):
+        folder = RunStorage(storage.root, f"{storage.identity}-{code['fingerprint'][:8]}", storage.options)
+        if mode != NEVER and not folder.has_files():
+            completed, unfinished = _later_versions(storage)
+            with_this_code = [f for f, _, r in completed if _recorded_code(r) == code["fingerprint"]]
+            if with_this_code:  # an unfinished version that continued with this code, and finished
+                folder = with_this_code[0]
+            elif unfinished:
+                folder = unfinished[0][0]
+        summary, record = _read_json(folder, "summary.json"), _read_json(folder, RECORD)
+    return Decision(
+        completed_summary=summary if mode == AUTO and _completed(summary) else None,
+        identity=folder.identity if folder is not storage else None,
+        code=code,
+        folder=folder,
+        record=record,
     )
-
-
-def newest_valid_checkpoint(storage: RunStorage) -> tuple[ResumePoint | None, list[str]]:
-    """The newest checkpoint that loads, and the newer ones that did not (each skipped with a warning)."""
-    skipped = []
-    for url, _ in storage.checkpoints():
-        try:
-            return load_point(url), skipped
-        except InvalidCheckpoint as error:
-            log.warning("resume: skipping %s, it cannot be loaded (%s)", url, error)
-            skipped.append(url)
-    return None, skipped
 
 
 def decide(
@@ -92,106 +125,90 @@ def decide(
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
 
     ``code`` is the user's code as it is now (``litlab.config.identity.CodeVersion.record``): with it,
-    the decision is made in that code's storage folder (``folder_for_code``; ``Decision.identity``).
-    A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
-    always starts fresh, so it can be repeated.
+    the decision is made in that code's storage folder (``find``). A ``debug_run``
+    (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it always starts
+    fresh, so it can be repeated.
+
+    Every rank decides for itself, from the same config and storage, and reaches rank 0's decision
+    whoever launched it (Lightning, torchrun, Slurm): only global rank 0 changes storage here, and
+    nothing it changes (leftovers of interrupted writes, files that cannot be loaded or that
+    ``resume=never`` sets aside, run.json) changes another rank's answer. That is the one way ranks
+    agree: the three launchers share no channel before the process group exists, but every rank
+    has the command and the storage.
     """
-    inherited = json.loads(os.environ.get(DECISION_ENV, "{}"))
-    # A rank Lightning's launcher started. Only for this run's storage: a process that ran a run in
-    # itself (a notebook, a test session) hands its stale decision to every process it starts.
-    if not is_global_zero and inherited.get("storage") == storage.url:
-        return _decision_from_env(os.environ[DECISION_ENV])
-    decided: list[Decision] = []
-
-    def rank_zero_decides() -> str:
-        decided.append(Decision() if debug_run else _decide(mode, storage, act=True, code=code))
-        return _decision_to_env(decided[0], storage)
-
-    shared = agreed_with_rank_zero("resume", rank_zero_decides)  # ranks torchrun started
-    if shared is not None:
-        decision = decided[0] if decided else _decision_from_env(shared)
-    else:
-        decision = Decision() if debug_run else _decide(mode, storage, act=is_global_zero, code=code)
-    if is_global_zero:
-        os.environ[DECISION_ENV] = _decision_to_env(decision, storage)
-    return decision
-
-
-def _decision_to_env(decision: Decision, storage: RunStorage) -> str:
-    point = asdict(decision.point) if decision.point else None
-    completed = decision.completed_summary
-    return json.dumps(
-        {
-            "storage": storage.url,
-            "identity": decision.identity,
-            "point": point,
-            "resumed": decision.resumed_count,
-            "completed": completed,
-        }
-    )
-
-
-def _decide(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] | None = None) -> Decision:
-    folder = folder_for_code(storage, code, continue_unfinished=mode != NEVER)
-    decision = _decide_in(mode, folder, act, code)
-    decision.identity = folder.identity if folder.identity != storage.identity else None
-    decision.code = code
-    return decision
-
-
-def _decide_in(mode: str, storage: RunStorage, act: bool, code: dict[str, Any] | None) -> Decision:
-    record = _read_record(storage)
-    resumed_before = int(record.get("resumed_count", 0))
+    if debug_run:
+        return Decision(code=code, folder=storage)
+    decision = find(mode, storage, code)
+    decision.code = code  # with the settings' fingerprint, which naming the run folder did not need
+    folder, record = decision.folder, decision.record
+    assert folder is not None
     if mode == NEVER:
-        if act and storage.has_files():
-            log.info("resume=never: moved the earlier files of %s to %s", storage.url, storage.set_aside())
-        return Decision()
+        if is_global_zero and folder.has_files():
+            log.info("resume=never: moved the earlier files of %s to %s", folder.url, folder.set_aside())
+        return decision
     if mode != AUTO:  # an explicit checkpoint
         try:
             point = load_point(mode)
         except InvalidCheckpoint as error:  # the user's own choice: reported, not skipped
             raise InvalidCheckpoint(f"resume={mode} cannot be resumed from: {error}") from None
-        return _resuming(point, resumed_before, record)
-    summary = _read_json(storage, "summary.json")
-    if summary.get("status") == "completed":
-        return Decision(completed_summary=summary)
-    if act:
-        for leftover in storage.remove_temporaries():
+        return _resuming(decision, point, is_global_zero)
+    if decision.completed_summary is not None:
+        return decision
+    if is_global_zero:
+        for leftover in folder.remove_temporaries():
             log.info("resume: removed %s, left by a write that was interrupted", leftover)
-    point, skipped = newest_valid_checkpoint(storage)
+    point, skipped = None, []
+    for url, _ in folder.checkpoints():  # the newest that loads; each newer one skipped with a warning
+        try:
+            point = load_point(url)
+            break
+        except InvalidCheckpoint as error:
+            if is_global_zero:
+                log.warning("resume: skipping %s, it cannot be loaded (%s)", url, error)
+            skipped.append(url)
     if point is None:
-        if skipped and act:
+        if skipped and is_global_zero:
             log.warning(
                 "resume: no checkpoint of %s can be loaded; starting fresh, the unusable files moved to %s",
-                storage.url,
-                storage.set_aside(),
+                folder.url,
+                folder.set_aside(),
             )
-        return Decision()
+        return decision
     changed = _changed_since(record, code)
-    if changed and act:
+    if changed and is_global_zero:
         log.warning(
             "resume: the code changed since run %s last started (%s); it continues from its checkpoint "
             "with the code as it is now. To train the changed code from scratch: resume=never",
-            storage.identity,
+            folder.identity,
             ", ".join(changed),
         )
-    decision = _resuming(point, resumed_before, record)
-    decision.resumed_across = _versions_trained(record, code)
-    return decision
+    return _resuming(decision, point, is_global_zero)
 
 
-def _versions_trained(record: dict[str, Any], code: dict[str, Any] | None) -> list[str]:
-    """What changed between the starts that trained the run (since it last started fresh) and this
-    one: ``["code 8373778d→c6928336"]``, ``["settings 1a2b3c4d→5e6f7a8b"]`` (a fixed run_name)."""
-    starts = [*(record.get("starts") or []), _fingerprints(code)]
+def _resuming(decision: Decision, point: ResumePoint, is_global_zero: bool) -> Decision:
+    record = decision.record
+    resumed_before = int(record.get("resumed_count", 0))
+    if is_global_zero:  # said once: every rank reaches the same point
+        log.info(
+            "resuming from %s (epoch %d, step %d); resumed %d time(s) before",
+            point.url,
+            point.epoch,
+            point.global_step,
+            resumed_before,
+        )
+    decision.point, decision.resumed_count = point, resumed_before + 1
+    recorded = record.get("tensorboard_dir")
+    decision.tensorboard_dir = Path(recorded) if recorded else None
+    # What changed between the starts that trained the run (since it last started fresh) and this
+    # one: ["code 8373778d→c6928336"], ["settings 1a2b3c4d→5e6f7a8b"] (a fixed run_name).
+    starts = [*(record.get("starts") or []), _fingerprints(decision.code)]
     fresh = max((i for i, start in enumerate(starts[:-1]) if not start.get("resumed_from")), default=0)
-    changes = []
     for what in ("code", "settings"):
         seen = [str(s[what])[:8] for s in starts[fresh:] if s.get(what)]
         versions = [v for i, v in enumerate(seen) if i == 0 or seen[i - 1] != v]
         if len(versions) > 1:
-            changes.append(f"{what} {'→'.join(versions)}")
-    return changes
+            decision.resumed_across.append(f"{what} {'→'.join(versions)}")
+    return decision
 
 
 def _fingerprints(code: dict[str, Any] | None) -> dict[str, Any]:
@@ -199,72 +216,13 @@ def _fingerprints(code: dict[str, Any] | None) -> dict[str, Any]:
     return {"code": code["fingerprint"], "settings": code.get("settings")} if code else {}
 
 
-def _resuming(point: ResumePoint, resumed_before: int, record: dict[str, Any]) -> Decision:
-    log.info(
-        "resuming from %s (epoch %d, step %d); resumed %d time(s) before",
-        point.url,
-        point.epoch,
-        point.global_step,
-        resumed_before,
-    )
-    recorded = record.get("tensorboard_dir")
-    return Decision(
-        point=point,
-        resumed_count=resumed_before + 1,
-        tensorboard_dir=Path(recorded) if recorded else None,
-    )
+def _completed(summary: dict[str, Any]) -> bool:
+    return summary.get("status") == "completed"
 
 
-def _decision_from_env(text: str) -> Decision:
-    data = json.loads(text)
-    point = ResumePoint(**data["point"]) if data["point"] else None
-    return Decision(
-        point=point,
-        resumed_count=int(data["resumed"]),
-        completed_summary=data.get("completed"),
-        identity=data.get("identity"),
-    )
-
-
-# --- versions of the user's code ------------------------------------------------------------------
-
-
-def folder_for_code(
-    storage: RunStorage, code: dict[str, Any] | None, continue_unfinished: bool = True
-) -> RunStorage:
-    """The storage folder of the run identity ``storage`` for the user's code ``code``.
-
-    The identity's own folder while it is empty, unfinished (a preempted or crashed run continues
-    whatever changed: a Slurm requeue never starts over), or completed with this code (or before
-    litlab recorded code). Once it completed with other code, a folder of a later version: the one
-    named for this code (``<identity>-<fingerprint[:8]>``) or one that completed with it; else,
-    when ``continue_unfinished``, the newest unfinished one, as the identity's own would be; else a
-    new one named for this code.
-    """
-    if code is None or _read_json(storage, "summary.json").get("status") != "completed":
-        return storage
-    if _recorded_code(_read_record(storage)) in (None, code["fingerprint"]):
-        return storage
-    own = RunStorage(storage.root, f"{storage.identity}-{code['fingerprint'][:8]}", storage.options)
-    if own.has_files():
-        return own
-    completed, unfinished = _later_versions(storage)
-    for folder in completed:  # an unfinished version that continued with this code, and finished
-        if _recorded_code(_read_record(folder)) == code["fingerprint"]:
-            return folder
-    return unfinished[0] if unfinished and continue_unfinished else own
-
-
-def completed_summary(storage: RunStorage, code: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored summary of the run when it completed with this code (``resume=auto`` would stop at
-    it), read without loading any checkpoint."""
-    summary = _read_json(folder_for_code(storage, code), "summary.json")
-    return summary if summary.get("status") == "completed" else None
-
-
-def _later_versions(storage: RunStorage) -> tuple[list[RunStorage], list[RunStorage]]:
-    """The identity's folders of later code versions: the completed ones, and the unfinished ones
-    (newest start first)."""
+def _later_versions(storage: RunStorage) -> tuple[list[tuple], list[tuple]]:
+    """The identity's folders of later code versions, each with its summary and run.json: the
+    completed ones, and the unfinished ones (newest start first)."""
     parent = storage.path.rpartition("/")[0]
     try:
         names = [
@@ -273,19 +231,16 @@ def _later_versions(storage: RunStorage) -> tuple[list[RunStorage], list[RunStor
     except FileNotFoundError:
         return [], []
     pattern = re.compile(re.escape(storage.identity) + "-[0-9a-f]{8}")
-    folders = [RunStorage(storage.root, n, storage.options) for n in sorted(names) if pattern.fullmatch(n)]
     completed, unfinished = [], []
-    for folder in folders:
-        if _read_json(folder, "summary.json").get("status") == "completed":
-            completed.append(folder)
+    for name in sorted(n for n in names if pattern.fullmatch(n)):
+        folder = RunStorage(storage.root, name, storage.options)
+        found = (folder, _read_json(folder, "summary.json"), _read_json(folder, RECORD))
+        if _completed(found[1]):
+            completed.append(found)
         elif folder.has_files():
-            unfinished.append(folder)
-    return completed, sorted(unfinished, key=_last_start, reverse=True)
-
-
-def _last_start(storage: RunStorage) -> str:
-    starts = _read_record(storage).get("starts") or [{}]
-    return str(starts[-1].get("at") or "")
+            unfinished.append(found)
+    last_start = lambda found: str(((found[2].get("starts") or [{}])[-1]).get("at") or "")  # noqa: E731
+    return completed, sorted(unfinished, key=last_start, reverse=True)
 
 
 def _recorded_code(record: dict[str, Any]) -> str | None:
@@ -367,34 +322,37 @@ def logger_arguments(logger_cfg: DictConfig, run: Any) -> dict[str, Any]:
 # --- run.json: the run's history across restarts -------------------------------------------------
 
 
+def begin(decision: Decision, run_dir: Path, own_tensorboard_dir: Path | None) -> None:
+    """Global rank 0 starts training in the decided folder: its checkpoint folder, the TensorBoard
+    directory that continues (``continue_tensorboard``), and this start in run.json."""
+    assert decision.folder is not None
+    decision.folder.prepare()
+    continue_tensorboard(decision, own_tensorboard_dir, decision.folder)
+    record_start(decision.folder, decision, run_dir)
+
+
 def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None:
     """Append this start to ``<storage folder>/run.json`` (rank 0)."""
-    record = _read_record(storage)
-    starts = record.get("starts", [])
-    starts.append(
-        {
-            "at": dt.datetime.now().isoformat(timespec="seconds"),
-            "run_dir": str(run_dir),
-            "resumed_from": decision.point.url if decision.point else None,
-            "epoch": decision.point.epoch if decision.point else None,
-            "global_step": decision.point.global_step if decision.point else None,
-            "code": None,
-            **_fingerprints(decision.code),
-        }
-    )
+    record = _read_json(storage, RECORD)
+    point = decision.point
+    start = {
+        "at": dt.datetime.now().isoformat(timespec="seconds"),
+        "run_dir": str(run_dir),
+        "resumed_from": point.url if point else None,
+        "epoch": point.epoch if point else None,
+        "global_step": point.global_step if point else None,
+        "code": None,
+        **_fingerprints(decision.code),
+    }
     record.update(
         identity=storage.identity,
         resumed_count=decision.resumed_count,
         tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
-        starts=starts,
+        starts=[*record.get("starts", []), start],
     )
     if decision.code is not None:  # the code this start trains with: the next start compares with it
         record["code"] = decision.code
     storage.write_text(RECORD, json.dumps(record, indent=2) + "\n")
-
-
-def _read_record(storage: RunStorage) -> dict[str, Any]:
-    return _read_json(storage, RECORD)
 
 
 def _read_json(storage: RunStorage, name: str) -> dict[str, Any]:
@@ -410,5 +368,4 @@ def _read_json(storage: RunStorage, name: str) -> dict[str, Any]:
 
 
 def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text[:200] or type(error).__name__
+    return one_line(error)[:200]

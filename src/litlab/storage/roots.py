@@ -19,14 +19,14 @@ import secrets
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from litlab.errors import LitlabError, error_chain
+from litlab.errors import EXIT_FAILED, LitlabError, error_chain, one_line
 
 log = logging.getLogger("litlab")
 
@@ -49,7 +49,7 @@ class StorageError(ValueError):
 class StorageFailed(LitlabError):
     """Storage stopped working during the run: a write failed (after its retries, for object stores)."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
     def __init__(self, root: str, what: str, cause: str) -> None:
         super().__init__(f"storage {root} failed while writing {what}: {cause}")
@@ -107,8 +107,8 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     if unreachable:
         attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
         tries = f" after {attempts} attempts" if attempts else ""
-        message = " ".join(str(unreachable[0]).split()) or type(unreachable[0]).__name__
-        return f"{endpoint} did not answer{tries} ({type(unreachable[0]).__name__}: {message})"
+        first = unreachable[0]
+        return f"{endpoint} did not answer{tries} ({type(first).__name__}: {one_line(first)})"
     return _cause(error, url, endpoint)
 
 
@@ -209,7 +209,7 @@ class RunStorage:
     def __init__(self, root: str, identity: str, options: Mapping[str, Any] | None = None) -> None:
         self.root = str(root).rstrip("/")
         self.identity = identity
-        self.options = dict(options or {})  # for the folders beside this one (resume.folder_for_code)
+        self.options = dict(options or {})  # for the folders beside this one (a code version's)
         self.url = f"{self.root}/{identity}"
         self.fs, self.path = fsspec.core.url_to_fs(self.url, **self.options)
 
@@ -230,7 +230,9 @@ class RunStorage:
     def write_text(self, name: str, text: str) -> None:
         """Write ``<storage folder>/name``; locally via a temporary file and a rename (atomic).
         Raises StorageFailed; skipped (with a warning) once this storage failed in this process."""
-        if self.skipped_because_failed(name):
+        failure = failed_storage(self.url)
+        if failure is not None:
+            log.warning("%s not written: the storage failed earlier (%s)", self.url_of(name), failure.cause)
             return
         target = f"{self.path}/{name}"
         with writing(self.url, name, self.url_of(name)):
@@ -238,12 +240,6 @@ class RunStorage:
                 write_text_atomic(Path(target), text)
             else:
                 self.fs.pipe_file(target, text.encode())
-
-    def skipped_because_failed(self, name: str) -> bool:
-        failure = failed_storage(self.url)
-        if failure is not None:
-            log.warning("%s not written: the storage failed earlier (%s)", self.url_of(name), failure.cause)
-        return failure is not None
 
     def read_text(self, name: str) -> str | None:
         """``<storage folder>/name``, or None when it does not exist."""
@@ -302,11 +298,6 @@ class RunStorage:
                 self.fs.mv(entry, f"{target}/{name}", recursive=True)
         return target if self.is_local else self.fs.unstrip_protocol(target)
 
-    def upload_changed(self, local_dir: Path, name: str) -> None:
-        """Copy files of ``local_dir`` whose size changed into ``<storage folder>/name/``."""
-        files = sorted(p for p in local_dir.iterdir() if p.is_file())
-        copy_changed_files(files, self.url_of(name), self.url)
-
     def download(self, name: str, local_dir: Path) -> int:
         """Copy the files of ``<storage folder>/name/`` into ``local_dir``; returns how many."""
         try:
@@ -350,18 +341,32 @@ def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
                 fs.put_file(str(path), f"{remote}/{path.name}")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``path`` through a temporary file and a rename: a full disk or a kill never leaves it
-    truncated (the old file, if any, stays)."""
+def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False, durable: bool = False) -> None:
+    """The engine's one atomic write: ``write(file)`` into a temporary file, then a rename, so a full
+    disk or a kill never leaves ``path`` truncated (the old file, if any, stays). ``durable``: the file
+    and the rename are synced to disk too, so a power loss keeps them (checkpoints)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda file: file.write(text))
 
 
 def read_checkpoint(url: str) -> dict:
@@ -416,10 +421,8 @@ def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
             found = Path(url.removeprefix("file://")).expanduser().is_file()
         else:
             options = storage_options(storage) if protocol == protocol_of(str(storage["root"])) else {}
-            fast = _fail_fast_options(protocol, float(storage.get("check_timeout_s", 2.0)))
-            fs = fsspec.get_filesystem_class(protocol)(**{**options, **fast}, skip_instance_cache=True)
-            fs.retries = 1
-            found = fs.isfile(url)
+            timeout = float(storage.get("check_timeout_s", 2.0))
+            found = _fail_fast(fsspec.get_filesystem_class(protocol), protocol, options, timeout).isfile(url)
     except Exception as error:
         raise StorageError(f"resume={url} cannot be checked: {type(error).__name__}: {error}") from None
     if not found:
@@ -461,10 +464,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
 
     def probe() -> None:
         try:
-            fs = filesystem_class(
-                **{**options, **_fail_fast_options(protocol, timeout)}, skip_instance_cache=True
-            )
-            fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
+            fs = _fail_fast(filesystem_class, protocol, options, timeout)
             folder = fsspec.core.strip_protocol(root)
             # First a request without a body: aiohttp waits without a timeout for the "100 Continue"
             # that botocore asks for on uploads, so an endpoint that never answers would hang there.
@@ -485,12 +485,16 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
         raise StorageError(f"storage root {root} is not usable: {_cause(failure[0], root, endpoint)}")
 
 
-def _fail_fast_options(protocol: str, timeout: float) -> dict[str, Any]:
+def _fail_fast(filesystem_class: type, protocol: str, options: dict[str, Any], timeout: float) -> Any:
+    """A filesystem of its own for a check: one try of each request, each failing after ``timeout``."""
+    fast: dict[str, Any] = {}
     if protocol in OBJECT_STORES["s3"]:
-        return {"config_kwargs": s3_client_config(timeout, attempts=1)}
-    if protocol in OBJECT_STORES["gcs"]:
-        return {"requests_timeout": timeout}
-    return {}
+        fast = {"config_kwargs": s3_client_config(timeout, attempts=1)}
+    elif protocol in OBJECT_STORES["gcs"]:
+        fast = {"requests_timeout": timeout}
+    fs = filesystem_class(**{**options, **fast}, skip_instance_cache=True)
+    fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
+    return fs
 
 
 def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
@@ -504,7 +508,7 @@ def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
 
 def _cause(error: BaseException, root: str, endpoint: str) -> str:
     names = {cls.__name__ for cls in type(error).__mro__}
-    message = " ".join(str(error).split()) or type(error).__name__
+    message = one_line(error)
     if "NoCredentialsError" in names or "DefaultCredentialsError" in names:
         return (
             "no credentials found: set them in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
