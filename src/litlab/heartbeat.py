@@ -51,10 +51,9 @@ class Heartbeat:
     def __init__(self) -> None:
         self.state = State()
         self.at = time.monotonic()  # of the last progress
-        self.preempt_boundary_reached = False
 
     def reset(self) -> None:
-        self.state, self.at, self.preempt_boundary_reached = State(), time.monotonic(), False
+        self.state, self.at = State(), time.monotonic()
 
     def beat(self, phase: str, step: int, first: bool = False) -> None:
         self.state = State(phase, step, self.state.beats + 1, first)

@@ -131,8 +131,8 @@ CALLBACKS = {
 # Every run has these, whatever its callbacks group: they make the engine's guarantees hold.
 ENGINE_CALLBACKS = {
     "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "ResumableLoaderCheck",
-    "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns", "WatchTheRanks",
-    "StopTogetherOnSigterm", "HangWatch", "HeartbeatAfterYourCallbacks",
+    "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns", "RankWatch",
+    "HeartbeatAfterYourCallbacks",
 }  # fmt: skip
 
 

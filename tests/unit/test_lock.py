@@ -107,15 +107,15 @@ def test_an_array_task_names_itself_one_way_in_its_lock_and_its_requeue(storage,
     monkeypatch.setenv("SLURM_JOB_ID", "1043")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "1040")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    from litlab.run import failures
+    from litlab.run import hangs
 
     requeued = []
     monkeypatch.setattr(
-        failures.subprocess,
+        hangs.subprocess,
         "run",
         lambda command, **_: requeued.append(command) or subprocess.CompletedProcess(command, 0),
     )
-    failures._requeue_this_job()
+    hangs._requeue_this_job()
     lock = RunLock(storage)
     lock.acquire()
     try:

@@ -193,6 +193,6 @@ def test_without_gpus_a_job_larger_than_the_pool_runs_alone_on_the_whole_pool():
     assert schedule.next_to_start([Pending(1, 1), Pending(0, 3)]).index == 0
     whole = schedule.take(3)
     assert whole.ids == ["0", "1"] and len(whole.slots) == 4 and whole.cores == [0, 1, 2, 3]
-    assert not schedule.has_free_slot()
+    assert not schedule.free_ids()
     schedule.give_back(whole)
     assert schedule.free_ids() == ["0", "1"]

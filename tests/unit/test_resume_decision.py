@@ -245,10 +245,22 @@ def test_a_start_records_the_settings_it_trains_though_naming_its_folder_did_not
     assert (start["code"], start["settings"]) == (CODE_A["fingerprint"], "5e6f")
 
 
-def test_the_reason_a_checkpoint_does_not_load_is_one_short_line():
-    assert resume._first_line(OSError("disk\n  said   no")) == "disk said no"
-    assert resume._first_line(ValueError("x" * 500)) == "x" * 200
-    assert resume._first_line(KeyError()) == "KeyError"
+@pytest.mark.parametrize(
+    "error,reason",
+    [
+        (OSError("disk\n  said   no"), "OSError: disk said no"),
+        (ValueError("x" * 500), "ValueError: " + "x" * 200),
+        (KeyError(), "KeyError: KeyError"),
+    ],
+)
+def test_the_reason_a_checkpoint_does_not_load_is_one_short_line(error, reason, monkeypatch):
+    def unreadable(url):  # what torch, zipfile, pickle or fsspec raised while reading it
+        raise error
+
+    monkeypatch.setattr(resume, "read_checkpoint", unreadable)
+    with pytest.raises(resume.InvalidCheckpoint) as raised:
+        resume.load_point("s3://b/x/last.ckpt")
+    assert str(raised.value) == reason
 
 
 def test_record_start_appends_each_start_to_run_json(storage, tmp_path):

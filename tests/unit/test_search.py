@@ -28,7 +28,6 @@ from litlab.launch.search import (
     search_space,
     storage_url,
     study_name_of,
-    within_budget,
 )
 from litlab.report.render import report_runs
 from litlab.run import sweep_record
@@ -146,7 +145,7 @@ def test_n_trials_counts_completed_pruned_and_failed_trials_that_are_not_retried
     assert budget.can_ask(5) and not budget.can_ask(4) and not budget.done(4) and budget.done(3)
     # Two workers asked at once (7 and 8) for the last place of n_trials=5: the lower number keeps it.
     both = [*trials, frozen(7, TrialState.RUNNING), frozen(8, TrialState.RUNNING)]
-    assert within_budget(both, 7, 5) and not within_budget(both, 8, 5)
+    assert budget_of(both, below=7).can_ask(5) and not budget_of(both, below=8).can_ask(5)
 
 
 # --- whole searches, in-process ------------------------------------------------------------------
@@ -364,6 +363,73 @@ def test_a_choice_that_does_not_compose_stops_the_search_before_any_trial(tmp_pa
     assert (
         error.startswith("litlab: error: the search's overrides") and "model=nosuch do not compose" in error
     )
+
+
+# Each value composes and passes alone, and so do the space's two ends (96/2, 100/5); 96/5 does not divide.
+BATCH_SPACE = {"global_batch_size": "choice(96, 100)", "trainer.accumulate_grad_batches": "choice(2, 5)"}
+NOT_DIVIDING = "global_batch_size=96 trainer.accumulate_grad_batches=5"
+
+
+def real_searcher(tmp_path: Path, launcher, **settings) -> OptunaSearch:
+    """A search of BATCH_SPACE on the real config loader whose first trial's batch does not divide."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config import resolvers, schema
+    from litlab.config.preflight import CONFIG_DIR
+
+    schema.register()
+    resolvers.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    arguments = [
+        "hparams_search=optuna",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        f"storage.root={tmp_path}/storage",
+    ]
+    cfg = loader.load_configuration("train", arguments, run_mode=RunMode.MULTIRUN)
+    settings = {"enqueue": [NOT_DIVIDING], **settings}
+    sweeper, _ = searcher(tmp_path, "sweep", completed, params=BATCH_SPACE, **settings)
+    del sweeper.check_composes  # composed with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    if launcher is not None:
+        launcher.setup(hydra_context=sweeper.hydra_context, task_function=None, config=cfg)
+        sweeper.launcher = launcher
+    return sweeper
+
+
+def test_a_trial_whose_batch_does_not_divide_is_a_failed_row_and_the_search_goes_on(tmp_path):
+    """A sampled point that fails a rule (the space's ends and every choice passed before the first
+    trial) used to end the whole search with exit 2, even after days of trials: now its job is not
+    started, with the single run's one line, the trial failed, and the search goes on."""
+    from litlab.launch.pool import DevicePoolLauncher
+
+    sweeper = real_searcher(tmp_path, DevicePoolLauncher(), n_trials=1)
+    sweeper.sweep([])
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert entry["outcome"] == sweep_record.NOT_STARTED and entry["summary"]["status"] == "failed"
+    assert entry["summary"]["error"].startswith("global_batch_size=96 does not divide")
+    assert trial.user_attrs["job_dir"] == entry["run_dir"]
+
+
+def test_under_a_launcher_without_a_queue_a_trial_that_fails_a_rule_is_never_launched(tmp_path):
+    dividing = [
+        "global_batch_size=100 trainer.accumulate_grad_batches=5",
+        "global_batch_size=96 trainer.accumulate_grad_batches=2",
+    ]
+    sweeper = real_searcher(tmp_path, None, n_trials=3, n_jobs=2, enqueue=[NOT_DIVIDING, *dividing])
+    sweeper.launcher = FunctionLauncher(tmp_path / "sweep")
+    sweeper.sweep(["optimizer.lr=0.01"])  # FunctionLauncher's jobs return it
+    trials = load(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    # Trial 0 ends its batch before it: the launched jobs are the two after it, as one batch.
+    assert [len(batch) for batch in sweeper.launcher.batches] == [2]
+    entries, _ = sweep_record.read(tmp_path / "sweep")
+    (refused,) = [e for e in entries if e["outcome"] == sweep_record.NOT_STARTED]
+    assert refused["job_num"] == 0 and "does not divide" in refused["summary"]["error"]
+    assert json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())["status"] == "failed"
 
 
 def test_a_database_that_stops_answering_for_less_than_storage_outage_s_is_waited_for(

@@ -1,11 +1,12 @@
-"""StopTogetherOnSigterm in one process: a SIGTERM stops the fit after the batch in progress, and the
-same signal again, while the run records its outcome, does not end it (Lightning's teardown puts back
-the handler it found when the fit began, which is litlab's)."""
+"""RankWatch's stop for a SIGTERM in one process: a SIGTERM stops the fit after the batch in progress,
+and the same signal again, while the run records its outcome, does not end it (Lightning's teardown
+puts back the handler it found when the fit began, which is litlab's)."""
 
 from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -13,7 +14,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.run.failures import StopTogetherOnSigterm, restore_signal_handlers
+from litlab.run.failures import restore_signal_handlers
+from litlab.run.hangs import RankWatch
+
+_NO_LIMITS = SimpleNamespace(hang_timeout=0, preempt_grace=0)  # no watchdog: the stop alone
 
 
 class _SigtermAt(Callback):
@@ -45,7 +49,7 @@ def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10) -> L.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
-        callbacks=[StopTogetherOnSigterm(), *callbacks],
+        callbacks=[RankWatch(_NO_LIMITS, SimpleNamespace(dir=tmp_path), lambda *a, **k: None), *callbacks],
     )
     trainer.fit(BoringModel())
     return trainer

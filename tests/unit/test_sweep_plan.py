@@ -276,3 +276,27 @@ def test_a_global_batch_that_does_not_divide_for_one_job_stops_the_sweep_before_
     line = refusal(sweeper, ["global_batch_size=96", "trainer.accumulate_grad_batches=5,2"], capsys)
     assert "global_batch_size=96" in line and "5" in line
     assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
+
+
+def test_a_sweeper_that_stops_the_pool_says_why_and_the_pool_returns_to_it(tmp_path):
+    """The search stops the pool when its database stays down: the pool stops its jobs, records the
+    queued ones as stopped for that reason, and returns (it used to be sent SIGTERM, and said so)."""
+    from litlab.launch.pool import DevicePoolLauncher, QueuedJob
+
+    sweeper = grid(tmp_path)
+    pool = DevicePoolLauncher()
+    pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
+
+    def next_job(index: int) -> QueuedJob | None:
+        if index > 0:
+            return None
+        pool.stop("an outage of the study's database")  # as the search does from its callback
+        return QueuedJob(["model=mlp", "seed=5"])
+
+    pool.run_queue(next_job, lambda index, job_return: None)  # returns: no SystemExit
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert entry["outcome"] == sweep_record.NOT_STARTED and entry["summary"]["status"] == "interrupted"
+    assert entry["summary"]["error"] == (
+        "the sweep was stopped by an outage of the study's database before the job started"
+    )
+    assert not (Path(entry["run_dir"]) / "output.log").exists()

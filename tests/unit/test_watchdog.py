@@ -25,7 +25,11 @@ a_worker_stuck_in_its_dataset()
 
 @pytest.fixture
 def watchdog(tmp_path):
-    watch = hangs.HangWatch(5, 0, tmp_path, resume_from=lambda: None, record_failure=lambda *a: None)
+    watch = hangs.RankWatch(
+        SimpleNamespace(hang_timeout=5, preempt_grace=0),
+        SimpleNamespace(dir=tmp_path, resume_from=None),
+        record_failure=lambda *a, **k: None,
+    )
     return hangs.Watchdog(watch, SimpleNamespace(global_rank=0))
 
 

@@ -11,7 +11,7 @@ line naming the bad key or value and what is allowed, then exits 2. It checks, i
 A sweep (``-m``, comma lists, a sweep file) is composed here as Hydra composes it before its sweeper
 runs (a key or value that does not compose is the same one line as for a single run); its sweeper then
 composes and checks each job before it starts (the grid: every job before any starts;
-``litlab.launch.multirun.JobPlan``), and a job's own process checks nothing again.
+``litlab.launch.multirun.plan_job``), and a job's own process checks nothing again.
 ``HYDRA_FULL_ERROR=1`` raises the error, with its traceback, instead.
 """
 

@@ -2,7 +2,7 @@
 are read from: the fork's ``configs/`` (``CONFIG_DIR``), then the engine's groups
 (``ENGINE_CONFIG_DIR``; ``config_dirs``). They run once per run: for a single run in the command
 line's preflight (``litlab.cli.preflight``), before Hydra starts; for a sweep's job where its sweeper
-composes it, before the job starts (``litlab.launch.multirun.JobPlan``).
+composes it, before the job starts (``litlab.launch.multirun.plan_job``).
 """
 
 from __future__ import annotations

@@ -19,17 +19,14 @@ TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
 PRUNERS = ("median", "hyperband", "none")
 
 
-def check_pruner(pruner: str) -> None:
-    if pruner not in PRUNERS:
-        raise ConfigError(f"hydra.sweeper.pruner={pruner}: choose one of {', '.join(PRUNERS)}")
-
-
 def make_pruner(spec: dict[str, Any]) -> Any:
-    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process."""
+    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process. A
+    name it does not know is a ConfigError (``hydra.sweeper.pruner``)."""
     import optuna
 
     name = spec["name"]
-    check_pruner(name)
+    if name not in PRUNERS:
+        raise ConfigError(f"hydra.sweeper.pruner={name}: choose one of {', '.join(PRUNERS)}")
     if name == "median":
         return optuna.pruners.MedianPruner(
             n_startup_trials=int(spec.get("startup_trials", 5)),

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from hydra.errors import HydraException
@@ -24,7 +23,7 @@ from omegaconf import OmegaConf
 
 from litlab.config.rules import ConfigError
 from litlab.errors import one_line
-from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
+from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, plan_job
 from litlab.run import sweep_record
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ class GridSweeper(PlanningSweeper):
         ]
 
     def plan(self, swept: list[str]) -> list[JobPlan]:
-        """Every job of the grid, composed (the current HydraConfig is left as it was)."""
+        """Every job of the grid, composed and checked (``multirun.plan_job``)."""
         assert self.config is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         try:
@@ -74,15 +73,7 @@ class GridSweeper(PlanningSweeper):
                 axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
             else:
                 axes[key] = [f"{key}={override.get_value_element_as_str()}"]
-        sweep_hydra_config = HydraConfig.instance().cfg
-        plans = []
-        try:
-            for num, job in enumerate(itertools.product(*axes.values())):
-                try:
-                    config = job_config(self.hydra_context, self.config, list(job), num)
-                except ConfigError as error:
-                    raise ConfigError(f"the job {' '.join(job)} does not compose: {error}") from None
-                plans.append(JobPlan.of(config, list(job)))
-        finally:
-            HydraConfig.instance().cfg = sweep_hydra_config
-        return plans
+        return [
+            plan_job(self.hydra_context, self.config, list(job), num)
+            for num, job in enumerate(itertools.product(*axes.values()))
+        ]

@@ -32,7 +32,7 @@ from litlab.config.identity import run_identity, run_settings, settings_fingerpr
 from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_REFUSED, error_line
+from litlab.errors import EXIT_REFUSED, LitlabError, error_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
 from litlab.run.summary import COMPLETED, FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
@@ -62,7 +62,7 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     """Run one multirun job with ``fit``: in its own process, it fits; in a launcher's process (a
     submitit or joblib worker), it runs the job's single-run command as a child. A failure is
     recorded in summary.json; in a launcher's process it returns None (the sweep goes on). Its
-    sweeper checked its config when it planned it (``JobPlan.of``)."""
+    sweeper checked its config when it planned it (``plan_job``)."""
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
     is_child = hydra.mode != RunMode.MULTIRUN
@@ -82,7 +82,7 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
         traceback = not isinstance(error, (ConfigError, ChildFailed))  # those say all in one line
         log.error("job %s failed; the sweep goes on: %s", sweep_job()["job_num"], error, exc_info=traceback)
     if recording:
-        summary = json.loads((job_dir / "summary.json").read_text())
+        summary = sweep_record.read_json(job_dir / "summary.json") or {}
         record_job(hydra, job_dir, summary, *sweep_record.outcome_of(summary, started_at))
     return value
 
@@ -138,15 +138,21 @@ def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.tr
     ]
 
 
+def write_command(job_dir: Path, cwd: str, command: list[str]) -> None:
+    """The job's command.sh: the job alone, as the sweep ran it."""
+    (job_dir / "command.sh").write_text(
+        "#!/bin/sh\n# This sweep job alone, as the sweep ran it (from the sweep's directory):\n"
+        f"cd {shlex.quote(str(cwd))}\n{shlex.join(command)}\n"
+    )
+
+
 def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
     """Run the current job as one single-run child process and return its ``optimized_metric``.
 
     The child gets this process's environment: a cluster's rank variables make it that rank."""
     command = child_command(HydraConfig.get(), job_dir)
     if global_rank() == 0:
-        (job_dir / "command.sh").write_text(
-            f"#!/bin/sh\ncd {shlex.quote(HydraConfig.get().runtime.cwd)}\n{shlex.join(command)}\n"
-        )
+        write_command(job_dir, HydraConfig.get().runtime.cwd, command)
     job = {**sweep_job(), "command": shlex.join(command)}
     env = {**os.environ, SWEEP_JOB_ENV: json.dumps(job)}
     log.info("job %s: %s", job["job_num"], shlex.join(command[1:]))
@@ -192,9 +198,9 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
 
 class PlanningSweeper(Sweeper):
     """What litlab's sweepers (the grid, the Optuna search) share: Hydra's setup, which gives them
-    their launcher, and a sweep refused in one ``litlab: error:`` line, exit 2, when ``run`` raises
-    ConfigError (a job that does not compose or fails its checks, jobs that would share a folder,
-    bad settings)."""
+    their launcher, and a sweep ended in one ``litlab: error:`` line when ``run`` raises ConfigError
+    (exit 2: a job that does not compose or fails its checks, jobs that would share a folder, bad
+    settings) or a LitlabError (its ``exit_code``)."""
 
     config: DictConfig | None = None
     hydra_context: HydraContext | None = None
@@ -213,9 +219,9 @@ class PlanningSweeper(Sweeper):
         assert self.config is not None and self.launcher is not None
         try:
             return self.run(arguments)
-        except ConfigError as error:
-            sys.stderr.write(error_line(error) + "\n")
-            raise SystemExit(EXIT_REFUSED) from None
+        except (ConfigError, LitlabError) as error:
+            sys.stderr.write(error_line(getattr(error, "reason", error)) + "\n")
+            raise SystemExit(getattr(error, "exit_code", EXIT_REFUSED)) from None
 
     def run(self, arguments: list[str]) -> Any:
         raise NotImplementedError
@@ -241,12 +247,14 @@ def job_config(
     return config
 
 
+class NotComposed(ConfigError):
+    """A sweep's job whose overrides do not compose (``plan_job``)."""
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Where a sweep's job would write and what it would train (a training job's run identity and
-    settings; None for jobs of entry points that store no run). ``of`` is where a sweeper checks a
-    job's config, once, before the job starts (the grid: before any does); its process checks nothing
-    again."""
+    settings; None for jobs of entry points that store no run), as ``plan_job`` planned it."""
 
     num: int
     overrides: list[str]
@@ -254,19 +262,34 @@ class JobPlan:
     identity: str | None
     settings: str | None
 
-    @classmethod
-    def of(cls, config: DictConfig, overrides: list[str]) -> JobPlan:
-        """The plan of a composed job (``job_config``); raises ConfigError, the line the same value
-        gives a single run, for a training job whose config fails ``check_train_config``."""
+
+def plan_job(
+    hydra_context: HydraContext,
+    sweep_config: DictConfig,
+    overrides: list[str],
+    num: int,
+    refusal: str = "the job {} does not compose",
+) -> JobPlan:
+    """Job ``num`` composed and planned: where a sweeper checks a job's config, once, before the job
+    starts (the grid: before any does); its process checks nothing again. The current HydraConfig is
+    left as it was. Raises NotComposed, ``refusal`` (its ``{}``: the overrides), when the job does not
+    compose; ConfigError, the line the same value gives a single run, for a training job whose config
+    fails ``check_train_config``."""
+    sweep_hydra_config = HydraConfig.instance().cfg
+    try:
+        try:
+            config = job_config(hydra_context, sweep_config, overrides, num)
+        except ConfigError as error:
+            raise NotComposed(f"{refusal.format(' '.join(overrides))}: {error}") from None
         folder = Path(str(config.hydra.runtime.output_dir))
         if config.get("task_name") != "train":
-            return cls(int(config.hydra.job.num), list(overrides), folder, None, None)
+            return JobPlan(num, list(overrides), folder, None, None)
         check_train_config(config, list(config.hydra.overrides.task))
         settings = run_settings(config)
         identity = run_identity(config, settings)
-        return cls(
-            int(config.hydra.job.num), list(overrides), folder, identity, settings_fingerprint(settings)
-        )
+        return JobPlan(num, list(overrides), folder, identity, settings_fingerprint(settings))
+    finally:
+        HydraConfig.instance().cfg = sweep_hydra_config
 
 
 def distinct_runs(plans: list[JobPlan]) -> tuple[list[JobPlan], list[tuple[JobPlan, JobPlan]]]:

@@ -4,9 +4,9 @@ Each job is a fresh process running ``litlab.launch.multirun.child_command`` in 
 num>/``, on ``trainer.devices`` ids of the pool (``hydra.launcher.devices``, ``jobs_per_device``) with
 its share of the CPU cores. The job needing most devices starts first, smaller ones backfill (without
 GPUs, a job of more processes than the pool has slots runs alone on all of them); a job whose run
-already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143). The pool's record of
-each job (devices, start, end, the jobs beside it, command) goes to the sweep's record, never into a
-run's summary.json. The rules: docs/sweeps.md.
+already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143), and so does the
+sweeper's ``stop`` (saying why). The pool's record of each job (devices, start, end, the jobs beside
+it, command) goes to the sweep's record, never into a run's summary.json. The rules: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class QueuedJob:
 
     overrides: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    refusal: str | None = None  # why it must not start (a rule its config fails): a failed row
 
 
 # --- the pool and its schedule: pure, no processes ------------------------------------------------
@@ -149,9 +150,6 @@ class DeviceSchedule:
         """Ids with a free slot, the least loaded first (then pool order)."""
         free = [i for i in self.ids if len(self.busy[i]) < self.jobs_per_device]
         return sorted(free, key=lambda i: len(self.busy[i]))
-
-    def has_free_slot(self) -> bool:
-        return bool(self.free_ids())
 
     def fits_now(self, need: int) -> bool:
         if need > self.size:  # the whole pool, alone
@@ -251,7 +249,8 @@ class DevicePoolLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
-        self._stop_signal: int | None = None
+        self._stopped: str | None = None  # why the sweep stops its jobs (stop)
+        self._signalled = False  # by SIGTERM or SIGINT: the sweep exits as preempted
         self._running: dict[int, _Job] = {}
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -280,7 +279,7 @@ class DevicePoolLauncher(Launcher):
     ) -> None:
         """Ask ``next_job(job_idx)`` for a job whenever a device is free and no queued job fits it
         (None: no more jobs); call ``on_done(job_idx, job_return)`` as each job ends. Returns when
-        there are no more jobs and every started one has ended."""
+        there are no more jobs and every started one has ended, or once ``stop`` has stopped them."""
         self._run(next_job, on_done, first_index=first_index, queue_all=False, announced=None)
 
     def _run(
@@ -316,17 +315,17 @@ class DevicePoolLauncher(Launcher):
         )
         sweep_hydra_config = HydraConfig.instance().cfg  # each job's is set while it is prepared
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        self._stop_signal = None
+        self._stopped, self._signalled = None, False
         queue: dict[int, _Job] = {}
         next_index = first_index
         more = True
         try:
             while True:
                 # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
-                while more and self._stop_signal is None:
+                while more and self._stopped is None:
                     if not queue_all:
                         pending = self._startable(queue)
-                        if not schedule.has_free_slot() or schedule.next_to_start(pending) is not None:
+                        if not schedule.free_ids() or schedule.next_to_start(pending) is not None:
                             break
                         if len(queue) >= schedule.size * schedule.jobs_per_device:
                             break
@@ -341,13 +340,12 @@ class DevicePoolLauncher(Launcher):
                     else:  # not started: too large, or completed before
                         on_done(index, job)
                 # Start what fits.
-                while self._stop_signal is None:
+                while self._stopped is None:
                     chosen = schedule.next_to_start(self._startable(queue))
                     if chosen is None:
                         break
                     self._start(queue.pop(chosen.index), schedule)
-                stopping = self._stop_signal is not None
-                if not self._running and (stopping or (not queue and not more)):
+                if not self._running and (self._stopped is not None or (not queue and not more)):
                     break
                 time.sleep(_POLL_S)
                 for index, job in list(self._running.items()):
@@ -361,14 +359,15 @@ class DevicePoolLauncher(Launcher):
             for job in self._running.values():  # an error in the sweep itself: its jobs stop too
                 self._terminate(job)
             HydraConfig.instance().cfg = sweep_hydra_config
-        if self._stop_signal is not None:
+        if self._stopped is not None:
             from litlab.run.summary import INTERRUPTED
 
-            name = signal.Signals(self._stop_signal).name
+            why = self._stopped
             for job in queue.values():  # their folders exist: say why they hold no run
-                self._not_started(job, f"the sweep was stopped by {name} before the job started", INTERRUPTED)
-            log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", name)
-            raise SystemExit(EXIT_PREEMPTED)  # what the jobs got: preempted, resumable
+                self._not_started(job, f"the sweep was stopped by {why} before the job started", INTERRUPTED)
+            log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", why)
+            if self._signalled:
+                raise SystemExit(EXIT_PREEMPTED)  # what the jobs got: preempted, resumable
 
     def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
         """Queued jobs that may start: not one whose run identity a running job holds (the same
@@ -379,14 +378,21 @@ class DevicePoolLauncher(Launcher):
         ]
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._stop_signal is None:
+        self._signalled = True
+        self.stop(signal.Signals(signum).name)
+
+    def stop(self, reason: str) -> None:
+        """Stop every running job at a checkpoint (SIGTERM: each writes preempted.ckpt) and start no
+        more; ``run_queue`` then returns, and the jobs still queued are recorded as stopped by
+        ``reason`` (``SIGTERM``, ``an outage of the study's database``) before they started."""
+        if self._stopped is None:
             log.warning(
                 "%s: stopping the %d running job(s) (SIGTERM: each writes preempted.ckpt)",
-                signal.Signals(signum).name,
+                reason,
                 len(self._running),
             )
-        self._stop_signal = signum
-        for job in self._running.values():
+            self._stopped = reason
+        for job in list(self._running.values()):  # also called from a sweeper's own thread
             self._terminate(job)
 
     @staticmethod
@@ -417,7 +423,7 @@ class DevicePoolLauncher(Launcher):
             need = 1 if accelerator == "cpu" else schedule.size
         identity = run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
         job = _Job(index, config, job_dir, command, need, dict(queued.env), identity)
-        refusal = self._refusal(job, task_cfg, schedule)
+        refusal = queued.refusal or self._refusal(job, task_cfg, schedule)
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
             self._write_job_files(job, task_cfg)
@@ -433,7 +439,7 @@ class DevicePoolLauncher(Launcher):
             from litlab.run.summary import RUNNING_ELSEWHERE
 
             log.warning("job %d not started: %s", index, found)
-            summary = self._failed_summary(job, found, RUNNING_ELSEWHERE).to_dict()
+            summary = failed_summary(config, job.dir, found, RUNNING_ELSEWHERE).to_dict()
             self._record(job, summary, outcome)
             return self._job_return(job, summary)
         self._write_job_files(job, task_cfg)
@@ -456,6 +462,8 @@ class DevicePoolLauncher(Launcher):
 
     def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
         """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
+        from litlab.launch.multirun import write_command
+
         config = job.config
         job.dir.mkdir(parents=True, exist_ok=True)
         if config.hydra.output_subdir is not None:
@@ -463,10 +471,7 @@ class DevicePoolLauncher(Launcher):
             _save_config(task_cfg, "config.yaml", hydra_output)
             _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
             _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
-        (job.dir / "command.sh").write_text(
-            "#!/bin/sh\n# This sweep job alone, as the sweep ran it (from the sweep's directory):\n"
-            f"cd {shlex.quote(str(config.hydra.runtime.cwd))}\n{shlex.join(job.command)}\n"
-        )
+        write_command(job.dir, config.hydra.runtime.cwd, job.command)
 
     def _refusal(self, job: _Job, task_cfg: DictConfig, schedule: DeviceSchedule) -> str | None:
         """Why the job cannot start on this pool (more nodes than one, more GPUs than it has), or
@@ -554,6 +559,8 @@ class DevicePoolLauncher(Launcher):
             preexec_fn=_die_with_parent_and_pin(job.cores, os.getpid()),
         )
         self._running[job.index] = job
+        if self._stopped is not None:  # stopped from a sweeper's own thread as it started
+            self._terminate(job)
         log.info(
             "job %d started on device(s) %s, cores %s: %s",
             job.index,
@@ -579,8 +586,7 @@ class DevicePoolLauncher(Launcher):
             HydraConfig.instance().set_config(job.config)
             error = _error_line(output) or f"the job's process {describe_exit(returncode)} (see {output})"
             record_failure(self._task_config(job.config), job.dir, error)
-        path = job.dir / "summary.json"
-        stored = json.loads(path.read_text()) if path.is_file() else {}  # litlab-eval's jobs write none
+        stored = sweep_record.read_json(job.dir / "summary.json") or {}  # litlab-eval's jobs write none
         if stored:
             self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
         status, took = stored.get("status"), time.monotonic() - job.start_s
@@ -590,21 +596,11 @@ class DevicePoolLauncher(Launcher):
             log.error("job %d %s after %.1f s: %s (%s)", job.index, status, took, stored.get("error"), output)
         return self._job_return(job, stored)
 
-    def _failed_summary(self, job: _Job, error: str, status: str) -> Any:
-        from litlab.run.summary import Summary
-
-        place = {"dir": str(job.config.hydra.sweep.dir), "job_num": job.index}
-        config = self._task_config(job.config)
-        return Summary.failed(
-            config, error, run_dir=job.dir, hydra=job.config.hydra, status=status, sweep=place
-        )
-
     def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
         from litlab.run.sweep_record import NOT_STARTED
 
         log.error("job %d not started: %s", job.index, error)
-        HydraConfig.instance().set_config(job.config)
-        summary = self._failed_summary(job, error, status)
+        summary = failed_summary(job.config, job.dir, error, status)
         summary.write(job.dir / "summary.json")
         self._record(job, summary.to_dict(), NOT_STARTED)
         return self._job_return(job, summary.to_dict())
@@ -622,6 +618,18 @@ class DevicePoolLauncher(Launcher):
             (summary.get("metrics") or {}).get(metric) if summary.get("status") == "completed" else None
         )
         return ret
+
+
+def failed_summary(config: DictConfig, job_dir: Path, error: str, status: str = "failed") -> Any:
+    """The Summary of a job (``config``: as composed, with its hydra node; it becomes the current
+    HydraConfig) that has no run of its own to write one: it never started, or another process
+    trains its run."""
+    from litlab.run.summary import Summary
+
+    HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
+    place = {"dir": str(config.hydra.sweep.dir), "job_num": int(config.hydra.job.num)}
+    task_cfg = DevicePoolLauncher._task_config(config)
+    return Summary.failed(task_cfg, error, run_dir=job_dir, hydra=config.hydra, status=status, sweep=place)
 
 
 def _error_line(output: Path) -> str | None:

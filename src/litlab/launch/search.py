@@ -17,9 +17,7 @@ import logging
 import os
 import re
 import shlex
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +41,6 @@ from omegaconf import OmegaConf
 from litlab.config.identity import NOT_SETTINGS
 from litlab.config.pruners import (
     TRIAL_ENV,
-    check_pruner,
     database_error,
     engine_kwargs,
     make_pruner,
@@ -51,9 +48,17 @@ from litlab.config.pruners import (
 )
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_FAILED, error_chain, error_line
-from litlab.launch.multirun import JobPlan, PlanningSweeper, distinct_runs, job_config
-from litlab.launch.pool import QueuedJob
+from litlab.errors import EXIT_FAILED, LitlabError, error_chain, one_line
+from litlab.launch.multirun import (
+    JobPlan,
+    NotComposed,
+    PlanningSweeper,
+    distinct_runs,
+    job_config,
+    plan_job,
+    record_job,
+)
+from litlab.launch.pool import QueuedJob, failed_summary
 from litlab.run import sweep_record
 from litlab.run.summary import finite
 from litlab.storage.roots import write_text_atomic
@@ -252,8 +257,10 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: fl
     raise AssertionError("unreachable")
 
 
-class StorageOutage(Exception):
+class StorageOutage(LitlabError):
     """The study's database did not answer for ``storage_outage_s``: the sweep ends in one line."""
+
+    exit_code = EXIT_FAILED
 
 
 def connection_lost(error: BaseException) -> bool:
@@ -312,12 +319,6 @@ def budget_of(trials: Sequence[optuna.trial.FrozenTrial], below: int | None = No
         elif trial.state == TrialState.WAITING:
             waiting += 1
     return Budget(spent, running, waiting)
-
-
-def within_budget(trials: Sequence[optuna.trial.FrozenTrial], number: int, n_trials: int) -> bool:
-    """Whether trial ``number`` (just asked for) fits in ``n_trials``: the spent and running trials
-    with lower numbers come first. Two workers that asked at once agree on which one is over."""
-    return budget_of(trials, below=number).can_ask(n_trials)
 
 
 # --- samplers ------------------------------------------------------------------------------------
@@ -393,13 +394,6 @@ class OptunaSearch(PlanningSweeper):
         self.down_since: float | None = None  # when the study's database stopped answering
         self.outage: StorageOutage | None = None  # it did not answer for storage_outage_s
 
-    def sweep(self, arguments: list[str]) -> Any:
-        try:
-            return super().sweep(arguments)
-        except StorageOutage as outage:
-            sys.stderr.write(error_line(outage) + "\n")
-            raise SystemExit(EXIT_FAILED) from None
-
     def run(self, arguments: list[str]) -> list[JobReturn]:
         """The search. Bad settings, or a database out of reach at the start, raise ConfigError (one
         line, exit 2); a database that stops answering for ``storage_outage_s`` while it runs,
@@ -411,7 +405,10 @@ class OptunaSearch(PlanningSweeper):
             raise ConfigError(f"hydra.sweeper.direction={self.direction}: choose maximize or minimize")
         if self.n_trials < 1:
             raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
-        check_pruner(self.pruner_name)
+        quiet_optuna()
+        max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
+        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
+        pruner = make_pruner(pruner_spec)  # one it does not know: a ConfigError
         self.space = space = search_space(self.params, arguments)
         if not space.distributions:
             raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
@@ -420,14 +417,11 @@ class OptunaSearch(PlanningSweeper):
         name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
         self.url = url = storage_url(self.storage, str(cfg.storage.root), name)
         self.where = database_address(url)
-        quiet_optuna()
-        max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
-        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
         self.study = optuna.create_study(
             study_name=name,
             storage=open_storage(url, self.heartbeat_interval, self.max_retry, self.storage_outage_s),
             sampler=make_sampler(self.sampler_spec),
-            pruner=make_pruner(pruner_spec),
+            pruner=pruner,
             direction=self.direction,
             load_if_exists=True,
         )
@@ -469,17 +463,10 @@ class OptunaSearch(PlanningSweeper):
         nosuch)``), or when it would share a run name or folder with an earlier trial of this sweep
         that trains differently (``multirun.distinct_runs``): said before its job starts."""
         assert self.hydra_context is not None and self.config is not None
-        sweep_hydra_config = HydraConfig.instance().cfg
-        try:
-            config = job_config(self.hydra_context, self.config, overrides, len(self.plans))
-        except ConfigError as error:
-            raise ConfigError(
-                f"the search's overrides {' '.join(overrides)} do not compose: {error}"
-            ) from None
-        finally:
-            HydraConfig.instance().cfg = sweep_hydra_config
-        self.plans.append(JobPlan.of(config, overrides))
-        distinct_runs(self.plans)
+        refusal = "the search's overrides {} do not compose"
+        plan = plan_job(self.hydra_context, self.config, overrides, len(self.plans), refusal)
+        distinct_runs([*self.plans, plan])
+        self.plans.append(plan)  # a refused trial is not one the later ones are checked against
 
     def _check_space(self, space: SearchSpace) -> None:
         """Before any trial: every choice of every categorical parameter composes, and trials at the
@@ -499,44 +486,60 @@ class OptunaSearch(PlanningSweeper):
     def _run_async(self) -> None:
         """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
         by other workers' trials, wait for them (a dead worker's trials turn stale and come back as
-        retries) until the study has n_trials spent. After an outage the pool has stopped every job,
-        as on SIGTERM."""
+        retries) until the study has n_trials spent. After an outage the pool has stopped every job
+        (``stop``)."""
         while True:
-            try:
-                # Job numbers go on from the last run_queue's: every job it was given has ended.
-                self.launcher.run_queue(self.next_job, self.on_done, first_index=len(self.returns))
-            except SystemExit:
-                if self.outage is None:
-                    raise
+            # Job numbers go on from the last run_queue's: every job it was given has ended.
+            self.launcher.run_queue(self.next_job, self.on_done, first_index=len(self.returns))
             if self.outage is not None:
                 raise self.outage
             if self.finished_waiting():
                 return
 
     def _run_batches(self) -> None:
-        """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials."""
+        """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials. A trial
+        that fails a rule ends its batch and is never launched (``_not_started``)."""
         job_idx = 0
         while True:
-            batch = []
-            for _ in range(max(1, self.n_jobs)):
+            batch, refused = [], None
+            while len(batch) < max(1, self.n_jobs):
                 job = self.next_job(job_idx + len(batch))
-                if job is None:
+                if job is None or job.refusal is not None:
+                    refused = job
                     break
                 batch.append(job)
-            if not batch:
-                if self.finished_waiting():
-                    return
-                continue
-            overrides = [
-                [*job.overrides, f"++hydra.job.env_set.{TRIAL_ENV}={_quoted(job.env[TRIAL_ENV])}"]
-                for job in batch
-            ]
-            returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
-            for offset, job_return in enumerate(returns):
-                self.on_done(job_idx + offset, job_return)
+            if batch:
+                overrides = [
+                    [*job.overrides, f"++hydra.job.env_set.{TRIAL_ENV}={_quoted(job.env[TRIAL_ENV])}"]
+                    for job in batch
+                ]
+                returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
+                for offset, job_return in enumerate(returns):
+                    self.on_done(job_idx + offset, job_return)
+                job_idx += len(batch)
+            if refused is not None:
+                self.on_done(job_idx, self._not_started(job_idx, refused))
+                job_idx += 1
             if self.outage is not None:
                 raise self.outage
-            job_idx += len(batch)
+            if not batch and refused is None and self.finished_waiting():
+                return
+
+    def _not_started(self, job_idx: int, job: QueuedJob) -> JobReturn:
+        """A trial that fails a rule, under a launcher without ``run_queue``: its summary.json and
+        the sweep's record say why it never started, as the pool's do for a job it refuses."""
+        assert self.hydra_context is not None and self.config is not None and job.refusal is not None
+        sweep_hydra_config = HydraConfig.instance().cfg
+        job_dir = self.sweep_dir / str(job_idx)
+        log.error("job %d not started: %s", job_idx, job.refusal)
+        try:
+            config = job_config(self.hydra_context, self.config, job.overrides, job_idx)
+            summary = failed_summary(config, job_dir, job.refusal)
+            summary.write(job_dir / "summary.json")
+            record_job(config.hydra, job_dir, summary.to_dict(), sweep_record.NOT_STARTED)
+        finally:
+            HydraConfig.instance().cfg = sweep_hydra_config
+        return JobReturn(working_dir=str(job_dir))
 
     # --- the study's database, and the trials of this worker --------------------------------------
 
@@ -568,8 +571,8 @@ class OptunaSearch(PlanningSweeper):
                         "trials at a checkpoint: run the same command once the database is back, and the "
                         "study continues where it stopped (the stopped trials resume)"
                     )
-                    if self.running and hasattr(self.launcher, "run_queue"):
-                        os.kill(os.getpid(), signal.SIGTERM)  # the pool stops its jobs as on a preemption
+                    if self.running and hasattr(self.launcher, "stop"):  # at a checkpoint, as on SIGTERM
+                        self.launcher.stop("an outage of the study's database")
                     break
                 if self.down_since is not None:
                     took = time.monotonic() - self.down_since
@@ -588,7 +591,9 @@ class OptunaSearch(PlanningSweeper):
         return self._db(read)
 
     def next_job(self, job_idx: int) -> QueuedJob | None:
-        """The next trial as a job, or None while the budget is spent or held by running trials."""
+        """The next trial as a job, or None while the budget is spent or held by running trials. A
+        trial whose config fails a rule is a job with a ``refusal``: a failed row, never started (one
+        that does not compose ends the search)."""
         with self.lock:
             try:
                 return self._ask(job_idx)
@@ -603,21 +608,25 @@ class OptunaSearch(PlanningSweeper):
         trial = self._db(self.study.ask, self.space.distributions)
         self._db(self.study._storage.record_heartbeat, trial._trial_id)
         trials = self._db(self.study.get_trials, deepcopy=False)
-        if not within_budget(trials, trial.number, self.n_trials):
+        # The spent and running trials numbered lower come first: workers that asked at once agree.
+        if not budget_of(trials, below=trial.number).can_ask(self.n_trials):
             self._db(self._give_back, trial, trials)
             return None
         self._db(trial.set_user_attr, "job_dir", str(self.sweep_dir / str(job_idx)))
         self._db(trial.set_user_attr, "host", socket.gethostname())
         overrides = [*self.space.fixed, *trial_overrides(trial.params)]
+        refusal = None
         try:
             self.check_composes(overrides)
-        except ConfigError:
+        except NotComposed:
             self._db(self.study.tell, trial, state=optuna.trial.TrialState.FAIL)
             raise
+        except ConfigError as error:  # a rule this point fails (a batch that does not divide): a failed row
+            refusal = one_line(error)
         self.running[job_idx] = trial
         log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
         env = {TRIAL_ENV: json.dumps({**self.trial_env, "trial": trial.number})}
-        return QueuedJob(overrides=overrides, env=env)
+        return QueuedJob(overrides=overrides, env=env, refusal=refusal)
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
         """Another worker asked at the same moment and this trial is over the budget: mark it unused;
@@ -643,7 +652,8 @@ class OptunaSearch(PlanningSweeper):
         with self.lock:
             trial = self.running.pop(job_idx)
             self.returns.append(job_return)
-            summary = _summary_in(Path(job_return.working_dir or self.sweep_dir / str(job_idx)))
+            folder = Path(job_return.working_dir or self.sweep_dir / str(job_idx))
+            summary = sweep_record.read_json(folder / "summary.json") or {}  # none: it died first
             try:
                 self._db(self._tell, trial, summary)
             except StorageOutage:
@@ -660,16 +670,16 @@ class OptunaSearch(PlanningSweeper):
             self.study.tell(trial, float(value), skip_if_finished=True)
             log.info("trial %d: %s = %.4g", trial.number, self.metric, value)
             self._write_best_trial()
-        elif status == "pruned":
-            self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            return
+        state = TrialState.PRUNED if status == "pruned" else TrialState.FAIL
+        self.study.tell(trial, state=state, skip_if_finished=True)
+        if status == "pruned":
             log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
         elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
-            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             frozen = self.study._storage.get_trial(trial._trial_id)
             optuna.storages.RetryHeartbeatStaleTrialCallback()(self.study, frozen)
             log.warning("trial %d interrupted: the same command retries it", trial.number)
         else:
-            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             why = summary.get("error") or (
                 f"{self.metric} was not logged" if status == "completed" else "no summary.json"
             )
@@ -715,7 +725,7 @@ def record_study(study: optuna.Study, sweep_dir: Path) -> None:
     skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
     for trial in study.get_trials(deepcopy=False):
         folder = trial.user_attrs.get("job_dir")
-        summary = _summary_in(Path(folder)) if folder else {}
+        summary = (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
         if summary and not trial.user_attrs.get(UNUSED_ATTR):
             note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
             sweep_record.write_job(
@@ -727,14 +737,6 @@ def record_study(study: optuna.Study, sweep_dir: Path) -> None:
                 overrides=summary.get("overrides") or [],
                 note=note,
             )
-
-
-def _summary_in(folder: Path) -> dict[str, Any]:
-    """The job's summary.json ({} when it has none: it died before writing one)."""
-    try:
-        return json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _quoted(text: str) -> str:

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
@@ -41,8 +41,8 @@ from litlab.config.rules import ConfigError, batch_sizes
 from litlab.errors import LitlabError, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
-from litlab.run.failures import StopTogetherOnSigterm, WatchTheRanks
-from litlab.run.hangs import HangWatch, HeartbeatAfterYourCallbacks
+from litlab.run.hangs import HeartbeatAfterYourCallbacks, RankWatch
+from litlab.run.lifecycle import Run, write_summary
 from litlab.run.loggers import (
     check_wandb_login,
     credential_arguments,
@@ -54,9 +54,6 @@ from litlab.run.summary import Summary, sweep_job
 from litlab.storage.checkpoints import AtomicCheckpointIO, RunConfigInCheckpoint
 from litlab.storage.resume import logger_arguments
 from litlab.torchrun import join_restarted_torchrun_group
-
-if TYPE_CHECKING:
-    from litlab.run.lifecycle import Run
 
 log = logging.getLogger(__name__)
 route_lightning_logs_to_root()
@@ -316,16 +313,6 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     # litlab-eval rebuilds the run from a checkpoint (resolving the environment's values again).
     stored = RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values)
-    ranks = [WatchTheRanks(), StopTogetherOnSigterm()]  # a failed rank or a SIGTERM stops every rank
-    # A rank that makes no progress, or a SIGTERM that cannot stop at a batch boundary, ends the run.
-    hangs = HangWatch(
-        cfg.hang_timeout,
-        cfg.preempt_grace,
-        run.dir,
-        # Functions of module level, not lambdas: strategy=ddp_spawn pickles the callbacks for its ranks.
-        resume_from=functools.partial(_resume_from, run),
-        record_failure=functools.partial(_record_stop, cfg, run),
-    )
     callbacks = [
         run.stats,
         nonfinite,
@@ -333,8 +320,9 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         ReseedEveryStep(cfg.seed),
         loader,
         stored,
-        *ranks,
-        hangs,
+        # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
+        # stops every rank at the same batch, or ends the run if they cannot reach one.
+        RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run)),
         history,
         input_wait,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
@@ -368,19 +356,9 @@ def build_callbacks(
                 made = instantiate(callback_cfg, _convert_="all")
         callbacks.extend(made if isinstance(made, list) else [made])
         log.debug("callback %s: %s", name, made)
-    hangs = next(c for c in callbacks if isinstance(c, HangWatch))
-    callbacks.append(HeartbeatAfterYourCallbacks(hangs))  # after yours, before the checkpoints
+    watch = next(c for c in callbacks if isinstance(c, RankWatch))
+    callbacks.append(HeartbeatAfterYourCallbacks(watch))  # after yours, before the checkpoints
     return combine(callbacks)
-
-
-def _resume_from(run: Run) -> str | None:
-    return run.resume_from
-
-
-def _record_stop(cfg: DictConfig, run: Run, trainer: L.Trainer, reason: str, status: str) -> None:
-    from litlab.run.lifecycle import write_summary
-
-    write_summary(cfg, trainer, run, status=status, error=reason)
 
 
 def build_loggers(

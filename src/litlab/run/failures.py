@@ -2,10 +2,10 @@
 
 A rank that raises records why in the ranks' store and closes its process group, so peers in a
 collective fail at once and read it; a rank that dies without a word is named by the ranks on its
-machine (``World``, set up by ``WatchTheRanks``; the rank's watchdog, ``litlab.run.hangs``, ends it
-``GRACE_S`` after such a death if no collective did). ``StopTogetherOnSigterm`` stops every rank at the
-same batch after a SIGTERM; ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s retry. The
-behaviour: docs/launch.md, "When a rank fails".
+machine (``World``, set up by the rank's watch, ``litlab.run.hangs``, whose watchdog ends the rank
+``GRACE_S`` after such a death if no collective did; it also stops every rank at the same batch after a
+SIGTERM). ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s retry. The behaviour:
+docs/launch.md, "When a rank fails".
 """
 
 from __future__ import annotations
@@ -25,19 +25,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback
 
 from litlab import heartbeat
 from litlab.errors import LitlabError, error_chain, one_line
-from litlab.heartbeat import HEARTBEAT
-from litlab.library_internals import (
-    cluster_environment,
-    default_store,
-    raise_sigterm_after_this_batch,
-    take_child_processes,
-)
-from litlab.storage.checkpoints import in_an_epochs_last_batch, kept_checkpoint
+from litlab.library_internals import default_store, take_child_processes
+from litlab.storage.checkpoints import kept_checkpoint
 
 log = logging.getLogger("litlab")
 
@@ -217,33 +209,27 @@ def lost_a_peer(error: BaseException) -> bool:
     return False
 
 
-class WatchTheRanks(Callback):
-    """Sets up ``World`` for a multi-rank fit: registers this rank and takes over from Lightning's
-    child-process observer (the rank's watchdog, ``litlab.run.hangs``, watches the peers). Does
-    nothing in a single-process run."""
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        global _current, _fits
-        if stage != "fit" or trainer.world_size < 2 or not torch.distributed.is_initialized():
-            return
-        if _current is not None:
-            _current.running = False  # oom=auto_shrink fits again in the same processes
-        _fits += 1
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = default_store()  # the one the ranks rendezvoused in
-        # The ranks that exist: a process group smaller than trainer.world_size (WorldCheck stops the
-        # run on it) would otherwise wait a minute here for ranks that never register.
-        members = torch.distributed.get_world_size()
-        world = World(trainer, trainer.global_rank, members, store, f"litlab/{restart}/{_fits}")
-        world.children = _lightning_children(trainer)
-        world.register()
-        _current = world
-        if world.children:
-            atexit.register(world.wait_for_children)  # an exit of any kind: the children end first
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if _current is not None and stage == "fit":
-            _current.running = False  # ranks that finished do not watch each other's exit
+def join_the_world(trainer: L.Trainer) -> None:
+    """Sets up ``World`` for a multi-rank fit (called by the rank's watch, ``litlab.run.hangs``):
+    registers this rank and takes over from Lightning's child-process observer. Does nothing in a
+    single-process run."""
+    global _current, _fits
+    if trainer.world_size < 2 or not torch.distributed.is_initialized():
+        return
+    if _current is not None:
+        _current.running = False  # oom=auto_shrink fits again in the same processes
+    _fits += 1
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = default_store()  # the one the ranks rendezvoused in
+    # The ranks that exist: a process group smaller than trainer.world_size (WorldCheck stops the
+    # run on it) would otherwise wait a minute here for ranks that never register.
+    members = torch.distributed.get_world_size()
+    world = World(trainer, trainer.global_rank, members, store, f"litlab/{restart}/{_fits}")
+    world.children = _lightning_children(trainer)
+    world.register()
+    _current = world
+    if world.children:
+        atexit.register(world.wait_for_children)  # an exit of any kind: the children end first
 
 
 def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
@@ -272,148 +258,16 @@ def every_rank_out_of_memory(step: int, attempt: int) -> bool:
     return False
 
 
-class StopTogetherOnSigterm(Callback):
-    """SIGTERM on any rank stops every rank at the same batch boundary (at an epoch's end: after its
-    validation and epoch-end checkpoints); then ``PreemptionCheckpoint`` writes preempted.ckpt and
-    the run exits 143. In a single process too.
-
-    Under Slurm, the requeue signal (SIGUSR1, what ``#SBATCH --signal=USR1@90`` sends before the time
-    limit) does the same, and then rank 0 requeues the job (``scontrol requeue``): the job starts
-    again with the same id, in the same run directory, and resumes from preempted.ckpt. This replaces
-    Lightning's auto-requeue, which saves its own checkpoint from inside the signal handler (a
-    collective there pairs with whatever the other ranks are doing) into the run directory, where
-    litlab's resume does not look.
-    """
-
-    def __init__(self) -> None:
-        self.requested = self.requeue = self.at_epoch_end = False
-        self.training = False  # between on_train_start and the end of the fit
-
-    def _signals(self, trainer: L.Trainer) -> list[int]:
-        signals = [signal.SIGTERM]
-        environment = cluster_environment(trainer)
-        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
-            signals.append(environment.requeue_signal)
-        return signals
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Here, before Lightning installs its handlers: it keeps the handlers it finds, and puts them
-        # back at its teardown.
-        if stage != "fit" or threading.current_thread() is not threading.main_thread():
-            return
-        self.requested = self.requeue = self.at_epoch_end = False
-        self.training = False
-        for signum in self._signals(trainer):
-            self._keep_through_the_stop(trainer, signum)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here, not in setup: Lightning installs its own handlers after the setup hooks.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self.training = True
-        for signum in self._signals(trainer):
-            name = signal.Signals(signum).name
-            signal.signal(signum, lambda number, frame, name=name: self._note(trainer, name))
-
-    def _keep_through_the_stop(self, trainer: L.Trainer, signum: int) -> None:
-        """Lightning's teardown, after a stop, puts back the handler it found when the fit began (the
-        default action: the process ends at once): the same signal again would end the run between
-        preempted.ckpt and summary.json, without a word. So the handler it finds is one installed
-        here, before it looks: one that notes the signal while a stop is under way, and otherwise
-        does what the handler of before the fit did (``restore_signal_handlers`` puts that one back
-        once the run's outcome is recorded)."""
-        before = _handlers_before_fit.get(signum, signal.getsignal(signum))
-        if before is None:  # a handler not installed from Python: left to Lightning
-            return
-        _handlers_before_fit.setdefault(signum, before)
-
-        def while_stopping(number: int, frame: Any) -> None:
-            name = signal.Signals(number).name
-            if self.requested:
-                log.warning("%s again on rank %d: the run is already stopping", name, trainer.global_rank)
-            elif signal.getsignal(number) is not while_stopping:
-                return  # called by Lightning's SIGTERM handler (before on_train_start), which notes it
-            elif not self.training:
-                self._note(trainer, name)  # before training starts: the run stops after its first batch
-            elif callable(before):
-                before(number, frame)
-            elif before != signal.SIG_IGN:  # the default action, as without this handler
-                signal.signal(number, signal.SIG_DFL)
-                os.kill(os.getpid(), number)
-
-        signal.signal(signum, while_stopping)
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit":  # fitting ended without a stop: the handlers of before the fit
-            restore_signal_handlers()
-
-    def _note(self, trainer: L.Trainer, name: str) -> None:
-        self.requested = True
-        self.requeue = self.requeue or name != "SIGTERM"
-        log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
-        # Under DDP the ranks decide together at the batch's end (on_train_batch_end).
-        if trainer.world_size == 1 and not _epoch_ending(trainer):
-            self._stop(trainer)  # Lightning stops after the batch in progress
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not self._agreed(trainer):
-            return
-        # The ranks met at a batch boundary and agreed, within preempt_grace (litlab.run.hangs); a
-        # validation under way is finished first, watched by hang_timeout like any other.
-        HEARTBEAT.preempt_boundary_reached = True
-        if _epoch_ending(trainer):
-            self.at_epoch_end = True
-        else:
-            self._stop(trainer)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After the epoch's validation; Lightning stops right after the epoch-end checkpoints.
-        if self._agreed(trainer) or self.at_epoch_end:
-            HEARTBEAT.preempt_boundary_reached = True
-            self._stop(trainer)
-
-    def _agreed(self, trainer: L.Trainer) -> bool:
-        """Whether any rank was asked to stop (a collective: every rank calls it at the same point)."""
-        if trainer.world_size == 1:
-            return self.requested
-        flags = [int(self.requested), int(self.requeue)]
-        decisions = torch.tensor(flags, device=trainer.strategy.root_device)
-        requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
-        self.requeue = requeue
-        return requested
-
-    def _stop(self, trainer: L.Trainer) -> None:
-        raise_sigterm_after_this_batch(trainer)
-        if self.requeue and trainer.is_global_zero:
-            atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
-
-
-_handlers_before_fit: dict[int, Any] = {}  # what StopTogetherOnSigterm's handlers stand in for
+handlers_before_fit: dict[int, Any] = {}  # what the rank watch's handlers stand in for (litlab.run.hangs)
 
 
 def restore_signal_handlers() -> None:
     """The signal handlers of before the fit, in place of those that note a signal while a stop is
     under way: called once a stopped run's outcome is recorded (and when fitting ends)."""
     if threading.current_thread() is threading.main_thread():
-        for signum, handler in _handlers_before_fit.items():
+        for signum, handler in handlers_before_fit.items():
             signal.signal(signum, handler)
-    _handlers_before_fit.clear()
-
-
-def _epoch_ending(trainer: L.Trainer) -> bool:
-    """Whether fitting is in an epoch's last batch or in a validation. Stopped there, Lightning would
-    cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
-    of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
-    return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
-
-
-def _requeue_this_job() -> None:
-    job = heartbeat.slurm_job_id()
-    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if result.returncode == 0:
-        log.warning("requeued Slurm job %s: it resumes from preempted.ckpt when it starts again", job)
-    else:
-        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
+    handlers_before_fit.clear()
 
 
 def _how_it_ended(code: int) -> str:

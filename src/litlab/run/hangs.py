@@ -1,6 +1,6 @@
-"""This rank's one watchdog: a peer on this machine that died, a rank that is alive but makes no
-progress, and a preemption that cannot reach a common batch boundary, or its end, within
-``preempt_grace``, each end the run in one line.
+"""This rank's one watch (``RankWatch``): a peer on this machine that died, a rank that is alive but
+makes no progress, and a preemption that cannot reach a common batch boundary, or its end, within
+``preempt_grace``, each end the run in one line; a SIGTERM stops every rank at the same batch.
 
 ``Watchdog`` is a job of the process's watchdog thread (``litlab.heartbeat.watch``): it writes this
 rank's heartbeat record and shares it through the ranks' store (``litlab.run.failures.World``); when
@@ -11,8 +11,10 @@ hangs".
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -28,6 +30,8 @@ from typing import Any
 
 import lightning as L
 import psutil
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -45,8 +49,9 @@ from litlab.heartbeat import (
     describe,
     order,
 )
+from litlab.library_internals import cluster_environment, raise_sigterm_after_this_batch
 from litlab.run import failures
-from litlab.storage.checkpoints import newest_checkpoint
+from litlab.storage.checkpoints import in_an_epochs_last_batch, newest_checkpoint
 
 log = logging.getLogger("litlab")
 
@@ -64,28 +69,46 @@ def poll_interval(hang_timeout: float, preempt_grace: float) -> float:
     return min(1.0, max(0.1, min(limits, default=20) / 20))
 
 
-class HangWatch(Callback):
-    """Beats at the start of the loop's hooks (before your callbacks' hooks) and runs the watchdog
-    from setup to teardown. ``HeartbeatAfterYourCallbacks`` beats at the batch's end."""
+class RankWatch(Callback):
+    """Watches this rank and its peers, from setup to teardown: sets up the ranks' ``World`` (a
+    multi-rank fit), runs the watchdog, beats at the start of the loop's hooks (before your
+    callbacks' hooks; ``HeartbeatAfterYourCallbacks`` beats at the batch's end), and stops every rank
+    together after a SIGTERM.
 
-    def __init__(
-        self,
-        hang_timeout: float,
-        preempt_grace: float,
-        run_dir: Path,
-        resume_from: Callable[[], str | None],
-        record_failure: Callable[[L.Trainer, str, str], None],
-    ) -> None:
-        self.hang_timeout, self.preempt_grace = float(hang_timeout), float(preempt_grace)
-        self.run_dir = Path(run_dir)
-        self.resume_from, self.record_failure = resume_from, record_failure
+    SIGTERM on any rank stops every rank at the same batch boundary (at an epoch's end: after its
+    validation and epoch-end checkpoints); then ``PreemptionCheckpoint`` writes preempted.ckpt and
+    the run exits 143. In a single process too. Under Slurm, the requeue signal (SIGUSR1, what
+    ``#SBATCH --signal=USR1@90`` sends before the time limit) does the same, and then rank 0
+    requeues the job (``scontrol requeue``): the job starts again with the same id, in the same run
+    directory, and resumes from preempted.ckpt. This replaces Lightning's auto-requeue, which saves
+    its own checkpoint from inside the signal handler (a collective there pairs with whatever the
+    other ranks are doing) into the run directory, where litlab's resume does not look.
+    """
+
+    def __init__(self, cfg: Any, run: Any, record_failure: Callable[..., Any]) -> None:
+        # run: a litlab.run.lifecycle.Run (its dir, resume_from); record_failure(trainer, status=...,
+        # error=...) writes summary.json.
+        self.run, self.record_failure = run, record_failure
+        self.hang_timeout, self.preempt_grace = float(cfg.hang_timeout), float(cfg.preempt_grace)
+        self.run_dir = Path(run.dir)
         self.trained = False  # a first training batch ended in this process
         self.validated = False  # a first validation (not the sanity check) started in this process
         self.watchdog: Watchdog | None = None
+        self.requested = self.requeue = self.at_epoch_end = False  # a stop for a SIGTERM
+        self.boundary_reached = False  # every rank agreed to stop there: preempt_grace no longer counts
+        self.training = False  # between on_train_start and the end of the fit
 
-    # --- the watchdog's life -----------------------------------------------------------------------
+    # --- the watch's life --------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            failures.join_the_world(trainer)
+        self.requested = self.requeue = self.at_epoch_end = self.boundary_reached = self.training = False
+        # Here, before Lightning installs its handlers: it keeps the handlers it finds, and puts them
+        # back at its teardown.
+        if stage == "fit" and threading.current_thread() is threading.main_thread():
+            for signum in self._signals(trainer):
+                self._keep_through_the_stop(trainer, signum)
         HEARTBEAT.reset()
         HEARTBEAT.beat(STARTING, trainer.global_step, first=not self.trained)
         watchdog = Watchdog(self, trainer)
@@ -94,10 +117,22 @@ class HangWatch(Callback):
             watchdog.start()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Here, not in setup: Lightning installs its own handlers after the setup hooks.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.training = True
+        for signum in self._signals(trainer):
+            name = signal.Signals(signum).name
+            signal.signal(signum, lambda number, frame, name=name: self._note(trainer, name))
         if self.watchdog is not None:
             self.watchdog.notice_signals()  # in the main thread, as set_wakeup_fd needs
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # fitting ended without a stop
+            world = failures.current_world()
+            if world is not None:
+                world.running = False  # ranks that finished do not watch each other's exit
+            failures.restore_signal_handlers()  # the handlers of before the fit
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
@@ -112,6 +147,83 @@ class HangWatch(Callback):
         # Lightning skips the teardown hooks after an exception: a failed fit must not leave a watchdog
         # that ends the process later (a notebook, a test that trains in-process).
         self.teardown(trainer, pl_module, "exception")
+
+    # --- a stop for a SIGTERM, every rank at the same batch ----------------------------------------
+
+    def _signals(self, trainer: L.Trainer) -> list[int]:
+        signals = [signal.SIGTERM]
+        environment = cluster_environment(trainer)
+        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+            signals.append(environment.requeue_signal)
+        return signals
+
+    def _keep_through_the_stop(self, trainer: L.Trainer, signum: int) -> None:
+        """Lightning's teardown, after a stop, puts back the handler it found when the fit began (the
+        default action: the process ends at once): the same signal again would end the run between
+        preempted.ckpt and summary.json, without a word. So the handler it finds is one installed
+        here, before it looks: one that notes the signal while a stop is under way, and otherwise
+        does what the handler of before the fit did (``failures.restore_signal_handlers`` puts it back
+        once the run's outcome is recorded)."""
+        before = failures.handlers_before_fit.get(signum, signal.getsignal(signum))
+        if before is None:  # a handler not installed from Python: left to Lightning
+            return
+        failures.handlers_before_fit.setdefault(signum, before)
+
+        def while_stopping(number: int, frame: Any) -> None:
+            name = signal.Signals(number).name
+            if self.requested:
+                log.warning("%s again on rank %d: the run is already stopping", name, trainer.global_rank)
+            elif signal.getsignal(number) is not while_stopping:
+                return  # called by Lightning's SIGTERM handler (before on_train_start), which notes it
+            elif not self.training:
+                self._note(trainer, name)  # before training starts: the run stops after its first batch
+            elif callable(before):
+                before(number, frame)
+            elif before != signal.SIG_IGN:  # the default action, as without this handler
+                signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
+
+        signal.signal(signum, while_stopping)
+
+    def _note(self, trainer: L.Trainer, name: str) -> None:
+        self.requested = True
+        self.requeue = self.requeue or name != "SIGTERM"
+        log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
+        # Under DDP the ranks decide together at the batch's end (on_train_batch_end).
+        if trainer.world_size == 1 and not _epoch_ending(trainer):
+            self._stop(trainer)  # Lightning stops after the batch in progress
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not self._agreed(trainer):
+            return
+        # The ranks met at a batch boundary and agreed, within preempt_grace (the watchdog's); a
+        # validation under way is finished first, watched by hang_timeout like any other.
+        self.boundary_reached = True
+        if _epoch_ending(trainer):
+            self.at_epoch_end = True
+        else:
+            self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the epoch's validation; Lightning stops right after the epoch-end checkpoints.
+        if self._agreed(trainer) or self.at_epoch_end:
+            self.boundary_reached = True
+            self._stop(trainer)
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any rank was asked to stop (a collective: every rank calls it at the same point)."""
+        if trainer.world_size == 1:
+            return self.requested
+        flags = [int(self.requested), int(self.requeue)]
+        decisions = torch.tensor(flags, device=trainer.strategy.root_device)
+        requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
+        self.requeue = requeue
+        return requested
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        raise_sigterm_after_this_batch(trainer)
+        if self.requeue and trainer.is_global_zero:
+            atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
 
     # --- beats at the start of hooks ---------------------------------------------------------------
 
@@ -146,7 +258,7 @@ class HeartbeatAfterYourCallbacks(Callback):
 
     after_your_callbacks = True  # litlab.callbacks.combined: combined, last, only where you have none
 
-    def __init__(self, watch: HangWatch) -> None:
+    def __init__(self, watch: RankWatch) -> None:
         self.watch = watch
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
@@ -161,7 +273,7 @@ class HeartbeatAfterYourCallbacks(Callback):
 class Watchdog:
     """This rank's watchdog (see the module's docstring)."""
 
-    def __init__(self, watch: HangWatch, trainer: L.Trainer) -> None:
+    def __init__(self, watch: RankWatch, trainer: L.Trainer) -> None:
         self.watch, self.trainer = watch, trainer
         self.rank = trainer.global_rank
         self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
@@ -209,7 +321,7 @@ class Watchdog:
 
     def notice_signals(self) -> None:
         """Signals reach a pipe the watchdog reads, even while the main thread is stuck in C code."""
-        if self.watch.preempt_grace <= 0 or threading.current_thread() is not threading.main_thread():
+        if self.watch.preempt_grace <= 0:
             return
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
@@ -249,7 +361,7 @@ class Watchdog:
             self.end(end["kind"], end["cause"])
         self.look_for_preemption()
         preempted_for = time.monotonic() - (self.preempted_at or time.monotonic())
-        if preempted_for > self.watch.preempt_grace and not HEARTBEAT.preempt_boundary_reached:
+        if preempted_for > self.watch.preempt_grace and not self.watch.boundary_reached:
             self.decide("preempt", world)
         if stalled and self.every_rank_stalled(world):
             self.decide("hang", world)
@@ -397,15 +509,14 @@ class Watchdog:
         newest = newest_checkpoint(self.trainer)
         if newest is not None:
             return f"{newest[0]} (step {newest[1]})"
-        started_from = self.watch.resume_from()
+        started_from = self.watch.run.resume_from
         if started_from:
             return f"{started_from}, the checkpoint this attempt started from"
         return "the start: no checkpoint was written yet"
 
     def record(self, reason: str, status: str) -> None:
-        writer = threading.Thread(
-            target=self.watch.record_failure, args=(self.trainer, reason, status), daemon=True
-        )
+        record = functools.partial(self.watch.record_failure, self.trainer, status=status, error=reason)
+        writer = threading.Thread(target=record, daemon=True)
         writer.start()
         writer.join(SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
         if writer.is_alive():
@@ -483,3 +594,19 @@ def _end_child_processes() -> None:
 
 def _state(record: dict[str, Any]) -> State:
     return State(**{name: record[name] for name in State.__dataclass_fields__ if name in record})
+
+
+def _epoch_ending(trainer: L.Trainer) -> bool:
+    """Whether fitting is in an epoch's last batch or in a validation. Stopped there, Lightning would
+    cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
+    of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
+    return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
+
+
+def _requeue_this_job() -> None:
+    job = heartbeat.slurm_job_id()
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode == 0:
+        log.warning("requeued Slurm job %s: it resumes from preempted.ckpt when it starts again", job)
+    else:
+        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())

@@ -33,7 +33,7 @@ def start(sweep_dir: Path, arguments: list[str], same_runs: list[dict[str, Any]]
     command re-run) starts its record afresh: its jobs' entries, links and refused folders go, and
     each job is recorded anew (skipped where its run completed)."""
     record = sweep_dir / RECORD_DIR
-    previous = _read_json(record / SWEEP_FILE)
+    previous = read_json(record / SWEEP_FILE)
     if previous is not None and previous.get("arguments") != redact_overrides(arguments):
         shown = " ".join(previous.get("arguments") or []) or "no overrides"
         raise ConfigError(
@@ -101,8 +101,8 @@ def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     record = sweep_dir / RECORD_DIR
     if not record.is_dir():
         return None
-    sweep = _read_json(record / SWEEP_FILE) or {}  # none under Hydra's own basic sweeper
-    entries = [_read_json(path) for path in record.glob("*.json") if path.stem.isdigit()]
+    sweep = read_json(record / SWEEP_FILE) or {}  # none under Hydra's own basic sweeper
+    entries = [read_json(path) for path in record.glob("*.json") if path.stem.isdigit()]
     return sorted((e for e in entries if e), key=lambda e: int(e["job_num"])), sweep
 
 
@@ -118,7 +118,8 @@ def list_job(sweep_dir: Path, job_num: int, job_dir: Path) -> None:
     link.symlink_to(os.path.relpath(job_dir.absolute(), sweep_dir.absolute()), target_is_directory=True)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a record's file, a job's summary.json); None when it has none."""
     try:
         value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

@@ -61,7 +61,7 @@ def load_point(url: str) -> ResumePoint:
     try:
         checkpoint = read_checkpoint(url)
     except Exception as error:  # torch, zipfile, pickle and fsspec each raise their own
-        raise InvalidCheckpoint(f"{type(error).__name__}: {_first_line(error)}") from None
+        raise InvalidCheckpoint(f"{type(error).__name__}: {one_line(error)[:200]}") from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= checkpoint.keys():
         raise InvalidCheckpoint("not a Lightning training checkpoint (no state_dict, loops or global_step)")
     return ResumePoint(url, int(checkpoint.get("epoch", 0)), int(checkpoint["global_step"]))
@@ -365,7 +365,3 @@ def _read_json(storage: RunStorage, name: str) -> dict[str, Any]:
         log.warning("resume: %s is not valid JSON; ignoring it", storage.url_of(name))
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _first_line(error: BaseException) -> str:
-    return one_line(error)[:200]
