@@ -25,6 +25,11 @@ def error_line(reason: object) -> str:
     return ERROR_PREFIX + one_line(reason)
 
 
+def first_line(text: object) -> str:
+    """The first line of ``text`` (an error's message), its runs of spaces made one."""
+    return one_line(str(text).strip().split("\n", 1)[0]) or one_line(text)
+
+
 def one_line(text: object) -> str:
     """``text`` on one line; an error with no message is named by its type."""
     line = " ".join(str(text).split())

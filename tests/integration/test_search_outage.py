@@ -10,6 +10,7 @@ command, once the database is back, completes the study from that checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -39,6 +40,24 @@ def search_command(server, outage_s: int, n_trials: int) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def database_stopped_mid_trial(tmp_path: Path, server, outage_s: int, n_trials: int, **start):
+    """A search started with trial 0 held mid-training (``HOLD``), then the database stopped; yields
+    the sweep's process, the log folder, the hold file and what the same command needs again."""
+    log_dir, hold = tmp_path / "logs", tmp_path / "hold"
+    hold.touch()
+    env = env_for(log_dir, LITLAB_TEST_HOLD_FILE=str(hold))
+    command = search_command(server, outage_s, n_trials=n_trials)
+    sweep = start_litlab("litlab-train", *command, env=env, new_session=True, **start)
+    try:
+        wait_for(Path(f"{hold}.held").exists, "trial 0 to hold mid-training", process=sweep)
+        server.stop()
+        yield sweep, log_dir, hold, (command, env)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+
+
 def the_study(server) -> optuna.Study:
     url = storage_url(server.url, "", "")
     (summary,) = optuna.get_all_study_summaries(storage=url)
@@ -54,15 +73,7 @@ def test_a_database_restarted_mid_search_is_waited_for_and_every_trial_is_told_o
     tmp_path,
     postgres_server,  # noqa: F811
 ):
-    log_dir, hold = tmp_path / "logs", tmp_path / "hold"
-    hold.touch()
-    env = env_for(log_dir, LITLAB_TEST_HOLD_FILE=str(hold))
-    sweep = start_litlab(
-        "litlab-train", *search_command(postgres_server, 60, n_trials=2), env=env, new_session=True
-    )
-    try:
-        wait_for(Path(f"{hold}.held").exists, "trial 0 to hold mid-training", process=sweep)
-        postgres_server.stop()
+    with database_stopped_mid_trial(tmp_path, postgres_server, 60, n_trials=2) as (sweep, log_dir, hold, _):
         hold.unlink()
         # Trial 0 trains on while the database is down: its pruning reports fail, it completes,
         # and the sweep's tell of it fails too, and is tried again.
@@ -70,9 +81,6 @@ def test_a_database_restarted_mid_search_is_waited_for_and_every_trial_is_told_o
         time.sleep(3)
         postgres_server.start()
         out, _ = sweep.communicate(timeout=300)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
     assert sweep.returncode == 0, out[-3000:]
     assert "Traceback" not in out and "StorageInternalError" not in out, out[-3000:]
     assert "does not answer" in out and "answers again" in out
@@ -94,18 +102,9 @@ def test_a_database_that_stays_down_stops_the_search_in_one_line_and_the_same_co
     tmp_path,
     postgres_server,  # noqa: F811
 ):
-    log_dir, hold = tmp_path / "logs", tmp_path / "hold"
-    hold.touch()
-    env = env_for(log_dir, LITLAB_TEST_HOLD_FILE=str(hold))
-    command = search_command(postgres_server, 4, n_trials=1)
-    sweep = start_litlab("litlab-train", *command, env=env, new_session=True, merge_stderr=False)
-    try:
-        wait_for(Path(f"{hold}.held").exists, "trial 0 to hold mid-training")
-        postgres_server.stop()
+    stopped = database_stopped_mid_trial(tmp_path, postgres_server, 4, n_trials=1, merge_stderr=False)
+    with stopped as (sweep, log_dir, hold, (command, env)):
         out, err = sweep.communicate(timeout=90)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
     assert sweep.returncode == 1, (out + err)[-3000:]
     assert "Traceback" not in out + err, (out + err)[-3000:]
     errors = [line for line in (out + err).splitlines() if line.startswith("litlab: error: ")]

@@ -147,7 +147,7 @@ def test_failed_and_unfinished_jobs_are_rows_with_their_error(tmp_path):
     assert statuses[1] == ("failed", failed["error"])
     assert statuses[2][0] == "failed" and "no summary.json" in statuses[2][1]
     assert (report.rows[2]["precision"], report.rows[2]["accumulate_grad_batches"]) == ("bf16", 2)
-    assert len(report.failed) == 2
+    assert len([r for r in report.rows if r["status"] == "failed"]) == 2
     markdown = (tmp_path / "report.md").read_text()
     assert failed["error"] in markdown and "no summary.json" in markdown
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"

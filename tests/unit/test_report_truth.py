@@ -303,7 +303,8 @@ def test_an_interrupted_run_is_shown_as_interrupted_and_resumable_not_failed(tmp
         SweepReport().on_multirun_end(sweep_config(sweep))
     assert exit.value.code == 1
     report = build_report(collect_runs([sweep]))
-    assert report.failed == [] and [row["run"] for row in report.unfinished] == ["#1"]
+    assert [row for row in report.rows if row["status"] == "failed"] == []
+    assert [row["run"] for row in report.unfinished] == ["#1"]
     assert report.rows[1]["error"] == "stopped by SIGTERM; the same command resumes it"
     markdown = (sweep / "report.md").read_text()
     assert "| interrupted |" in markdown and "**failed**" not in markdown
@@ -320,7 +321,8 @@ def test_a_job_whose_run_was_running_elsewhere_is_shown_as_such_and_fails_the_sw
     assert exit.value.code == 1
     markdown = (sweep / "report.md").read_text()
     assert "| running elsewhere |" in markdown and "**failed**" not in markdown and why in markdown
-    assert build_report(collect_runs([sweep])).failed == []
+    report = build_report(collect_runs([sweep]))
+    assert [row for row in report.rows if row["status"] == "failed"] == []
 
 
 def test_a_skipped_job_shows_where_and_when_its_run_completed(tmp_path):

@@ -472,6 +472,8 @@ def test_resume_never_trains_this_codes_own_folder_on_every_rank(storage, tmp_pa
     started_with(second, CODE_C, completed=True)  # continued there with CODE_C, and finished
     first = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
     assert first.identity == "default-0123456789-cccccccc"
-    resume.begin(first, tmp_path / "run", None)
+    first.folder.prepare()  # what rank 0's start does (lifecycle.prepare_run)
+    resume.continue_tensorboard(first, None, first.folder)
+    resume.record_start(first.folder, first, tmp_path / "run")
     assert resume.decide("never", storage, is_global_zero=False, code=CODE_C).identity == first.identity
     assert (Path(second.path) / "summary.json").is_file()  # left as it was

@@ -307,6 +307,21 @@ def test_pruned_failed_and_interrupted_trials(tmp_path):
     assert budget_of(trials).spent == 4 and len(pool.started) == 5
 
 
+def test_an_interrupted_trial_is_retried_at_most_max_retry_times(tmp_path):
+    outcomes = iter(["interrupted", "completed", "completed"])
+
+    def job(params, trial):
+        status = next(outcomes)
+        return {"status": status, "metrics": {"val/acc": 0.5} if status == "completed" else {}}
+
+    sweeper, _ = searcher(tmp_path, "sweep", job, slots=1, n_trials=2, max_retry=0)
+    sweeper.sweep([])
+    trials = load(tmp_path).trials
+    # Not retried, the interrupted trial counts in n_trials as a failed one.
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert not any("failed_trial" in t.system_attrs for t in trials), "max_retry=0: no retry"
+
+
 def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
     # A trial is stale once silent for two heartbeats plus storage_outage_s: 3 s here.

@@ -14,8 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.run.failures import restore_signal_handlers
-from litlab.run.hangs import RankWatch
+from litlab.run.hangs import RankWatch, restore_signal_handlers
 
 _NO_LIMITS = SimpleNamespace(hang_timeout=0, preempt_grace=0)  # no watchdog: the stop alone
 

@@ -98,12 +98,10 @@ class RunStats(Callback):
         self.torch_flags = torch_flags()
         count = getattr(pl_module, "batch_tokens", None)
         self._count_tokens = count if callable(count) else None
-        guards = [
-            part
-            for part in parts_of(trainer.callbacks)
-            if isinstance(part, NonFiniteLossGuard) and part.action == "skip"
-        ]
-        self._skips = guards[0].report if guards else None
+        skipping = (
+            p for p in parts_of(trainer.callbacks) if isinstance(p, NonFiniteLossGuard) and p.action == "skip"
+        )
+        self._skips = next((guard.report for guard in skipping), None)
         self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
         self._step = trainer.global_step
         self._samples_at_step = self._samples + self._window_samples

@@ -54,11 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except CompareError as error:
         parser.exit(EXIT_REFUSED, f"litlab-compare: error: {error}\n")
     if report.unfinished:  # as a sweep does: scripts notice
-        parser.exit(
-            EXIT_FAILED,
-            f"litlab-compare: {len(report.unfinished)} of {len(report.rows)} rows did not complete "
-            f"(failed, interrupted or running elsewhere): see {out / 'report.md'}\n",
-        )
+        parser.exit(EXIT_FAILED, f"litlab-compare: {report.unfinished_line(out / 'report.md')}\n")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,8 @@ from litlab.config.preflight import (
     check_train_config,
     composition_message,
     config_dirs,
-    first_line,
 )
-from litlab.errors import EXIT_REFUSED, error_line
+from litlab.errors import EXIT_REFUSED, error_line, first_line
 from litlab.logs import global_rank
 from litlab.storage import lock, roots
 

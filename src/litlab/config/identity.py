@@ -109,23 +109,26 @@ def run_folder(cfg: DictConfig) -> str:
     Every rank, every restart and every requeue of one command computes the same name from the
     command and the storage, so ranks need not agree on it and a requeued job finds its folder.
     """
+    identity = run_identity(cfg)
     try:
-        found = found_in_storage(cfg, cfg.hydra, keep=True)
+        found = found_in_storage(cfg, cfg.hydra, identity, keep=True)
     except Exception as error:  # fsspec's, botocore's, an uninstalled backend's: each raises its own
         # Storage that cannot be read: the run's start says why in one line (check_storage).
-        log.debug("run folder of %s named without its storage (%s)", run_identity(cfg), error)
-        return run_identity(cfg)
-    return (found.identity if found is not None else None) or run_identity(cfg)
+        log.debug("run folder of %s named without its storage (%s)", identity, error)
+        return identity
+    return found.folder.identity if found is not None else identity
 
 
-def found_in_storage(cfg: DictConfig, hydra_cfg: DictConfig, keep: bool = False) -> resume.Decision | None:
+def found_in_storage(
+    cfg: DictConfig, hydra_cfg: DictConfig, identity: str, keep: bool = False
+) -> resume.Decision | None:
     """The resume decision's read-only half (``litlab.storage.resume.find``) for the run ``cfg``
-    composed as ``hydra_cfg`` says: its storage folder for the user's code as it is now, and the
-    summary of a run that completed there; None for a debug run (``trainer.fast_dev_run``), which
-    always starts fresh in the identity's folder."""
+    (``identity``: ``run_identity(cfg)``) composed as ``hydra_cfg`` says: its storage folder for the
+    user's code as it is now, and the summary of a run that completed there; None for a debug run
+    (``trainer.fast_dev_run``), which always starts fresh in the identity's folder."""
     if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
         return None
-    storage = RunStorage(str(cfg.storage.root), run_identity(cfg), storage_options(cfg.storage))
+    storage = RunStorage(str(cfg.storage.root), identity, storage_options(cfg.storage))
     return resume.find(str(cfg.resume), storage, code_version(cfg, hydra_cfg).record(), keep=keep)
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from litlab.config import rules, signatures
+from litlab.errors import first_line
 
 
 def _fork_config_dir() -> Path:
@@ -77,8 +78,3 @@ def _allowed_keys(error: OmegaConfBaseException) -> str:
         return ""
     names = [f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_")]
     return f": allowed keys are {', '.join(names)}"
-
-
-def first_line(text: str) -> str:
-    """The first line of an error's text, its runs of spaces made one."""
-    return " ".join(line.strip() for line in text.strip().splitlines()[:1])

@@ -12,7 +12,7 @@ from typing import Any
 
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
-from litlab.errors import error_chain, one_line
+from litlab.errors import error_chain, first_line
 
 # The environment variable that tells a trial's process its study and trial (JSON), for pruning.
 TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
@@ -54,7 +54,7 @@ def database_error(error: BaseException) -> str:
     """What the database's driver said, in one line (``connection ... failed: Connection refused``),
     rather than Optuna's StorageInternalError, whose text blames the data."""
     said = next((cause.orig for cause in error_chain(error) if getattr(cause, "orig", None)), error)
-    return redact_text(one_line(str(said).split("\n")[0]))
+    return redact_text(first_line(said))
 
 
 def quiet_optuna() -> None:

@@ -429,7 +429,7 @@ class DevicePoolLauncher(Launcher):
             self._write_job_files(job, task_cfg)
             return self._not_started(job, refusal)
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        outcome, found = self._found_in_storage(task_cfg, config.hydra) or (None, None)
+        outcome, found = self._found_in_storage(task_cfg, config.hydra, identity) or (None, None)
         if outcome == sweep_record.SKIPPED:  # the run's folder shows it as it completed
             log.info("job %d: run %s already completed, skipped", index, found.get("run_name"))
             sweep_record.list_job(sweep_dir, index, job_dir)
@@ -449,15 +449,13 @@ class DevicePoolLauncher(Launcher):
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
         """The sweep's record of a training job (litlab-eval's jobs store no run), with the pool's own
         record of it: its ``devices``, ``start`` and ``end`` (UTC), the jobs that ran ``beside`` it and
-        its process's ``command`` (none for a job skipped as completed: another sweep trained it)."""
+        its process's ``command`` (``sweep_record.write_job`` leaves it out for a job skipped as
+        completed: another sweep trained it)."""
         from litlab.launch.multirun import record_job
-        from litlab.run.sweep_record import SKIPPED
 
-        pool = None
-        if outcome != SKIPPED:
+        if job.identity is not None:
             pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": sorted(job.beside)}
             pool["command"] = shlex.join(job.command)
-        if job.identity is not None:
             record_job(job.config.hydra, job.dir, summary, outcome, note, pool)
 
     def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
@@ -504,26 +502,28 @@ class DevicePoolLauncher(Launcher):
         return task_cfg
 
     @staticmethod
-    def _found_in_storage(task_cfg: DictConfig, hydra_cfg: DictConfig) -> tuple[str, Any] | None:
+    def _found_in_storage(
+        task_cfg: DictConfig, hydra_cfg: DictConfig, identity: str | None
+    ) -> tuple[str, Any] | None:
         """What the job's own process would find and stop at (local storage, resume=auto): its run
         completed with the user's code as it is now (``SKIPPED``, the stored summary: the read-only
         half of the job's own resume decision), or another process holds the run's lock
         (``ELSEWHERE``, why)."""
-        from litlab.config.identity import found_in_storage, run_identity
+        from litlab.config.identity import found_in_storage
         from litlab.run.sweep_record import ELSEWHERE, SKIPPED
         from litlab.storage.lock import held_by_another, refusal
         from litlab.storage.roots import RunStorage
 
-        if task_cfg.get("task_name") != "train":  # litlab-eval's jobs store no run
+        if identity is None:  # litlab-eval's jobs store no run
             return None
         root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "")
         if str(task_cfg.get("resume")) != "auto" or "://" in root.removeprefix("file://") or not root:
             return None
-        storage = RunStorage(root.removeprefix("file://"), run_identity(task_cfg))
+        storage = RunStorage(root.removeprefix("file://"), identity)
         holder = held_by_another(storage)
         if holder is not None:
             return ELSEWHERE, refusal(storage, holder)
-        found = found_in_storage(task_cfg, hydra_cfg)  # None for a debug run: it always trains
+        found = found_in_storage(task_cfg, hydra_cfg, identity)  # None for a debug run: it always trains
         completed = found.completed_summary if found is not None else None
         return (SKIPPED, completed) if completed is not None else None
 

@@ -661,7 +661,6 @@ class OptunaSearch(PlanningSweeper):
 
     def _tell(self, trial: Any, summary: dict[str, Any]) -> None:
         """One trial told once: tried again after an outage, a tell that got through is skipped."""
-        import optuna
         from optuna.trial import TrialState
 
         status = summary.get("status")
@@ -677,7 +676,8 @@ class OptunaSearch(PlanningSweeper):
             log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
         elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
             frozen = self.study._storage.get_trial(trial._trial_id)
-            optuna.storages.RetryHeartbeatStaleTrialCallback()(self.study, frozen)
+            # The storage's callback: the one that knows hydra.sweeper.max_retry (open_storage).
+            self.study._storage.get_heartbeat_stale_trial_callback()(self.study, frozen)
             log.warning("trial %d interrupted: the same command retries it", trial.number)
         else:
             why = summary.get("error") or (

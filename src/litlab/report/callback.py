@@ -68,9 +68,5 @@ class SweepReport(Callback):
             log.exception("could not write the report of %s", sweep_dir)
             return False
         if report.unfinished:
-            log.error(
-                "%d of %d rows did not complete (failed, interrupted, running elsewhere): see report.md",
-                len(report.unfinished),
-                len(report.rows),
-            )
+            log.error(report.unfinished_line(sweep_dir / "report.md"))
         return not report.unfinished

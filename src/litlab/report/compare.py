@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from litlab.report.collect import CompareError, RunResult
 from litlab.report.stats import Estimate, estimate, significant, welch_p_value
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, finite
+from litlab.run.summary import COMPLETED, INTERRUPTED, PRUNED, finite
 from litlab.run.sweep_record import SKIPPED
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
@@ -74,14 +74,16 @@ class Report:
     skipped: list[str] = field(default_factory=list)  # "#0: completed earlier (...); not trained again"
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
-        """Rows of failed runs."""
-        return [row for row in self.rows if row["status"] == FAILED]
-
-    @property
     def unfinished(self) -> list[dict[str, Any]]:
         """Rows of runs that did not complete (``unfinished``); a sweep or litlab-compare with any exits 1."""
         return [row for row in self.rows if unfinished(row)]
+
+    def unfinished_line(self, report_md: Path) -> str:
+        """What a sweep and litlab-compare say before they exit 1."""
+        return (
+            f"{len(self.unfinished)} of {len(self.rows)} rows did not complete (failed, interrupted or "
+            f"running elsewhere): see {report_md}"
+        )
 
     @property
     def pruned(self) -> list[dict[str, Any]]:

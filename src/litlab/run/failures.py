@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,18 +255,6 @@ def every_rank_out_of_memory(step: int, attempt: int) -> bool:
             return len({s["step"] for s in steps}) == 1
         time.sleep(0.1)
     return False
-
-
-handlers_before_fit: dict[int, Any] = {}  # what the rank watch's handlers stand in for (litlab.run.hangs)
-
-
-def restore_signal_handlers() -> None:
-    """The signal handlers of before the fit, in place of those that note a signal while a stop is
-    under way: called once a stopped run's outcome is recorded (and when fitting ends)."""
-    if threading.current_thread() is threading.main_thread():
-        for signum, handler in handlers_before_fit.items():
-            signal.signal(signum, handler)
-    handlers_before_fit.clear()
 
 
 def _how_it_ended(code: int) -> str:

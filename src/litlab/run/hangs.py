@@ -132,7 +132,7 @@ class RankWatch(Callback):
             world = failures.current_world()
             if world is not None:
                 world.running = False  # ranks that finished do not watch each other's exit
-            failures.restore_signal_handlers()  # the handlers of before the fit
+            restore_signal_handlers()  # the handlers of before the fit
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
@@ -162,12 +162,12 @@ class RankWatch(Callback):
         default action: the process ends at once): the same signal again would end the run between
         preempted.ckpt and summary.json, without a word. So the handler it finds is one installed
         here, before it looks: one that notes the signal while a stop is under way, and otherwise
-        does what the handler of before the fit did (``failures.restore_signal_handlers`` puts it back
+        does what the handler of before the fit did (``restore_signal_handlers`` puts it back
         once the run's outcome is recorded)."""
-        before = failures.handlers_before_fit.get(signum, signal.getsignal(signum))
+        before = handlers_before_fit.get(signum, signal.getsignal(signum))
         if before is None:  # a handler not installed from Python: left to Lightning
             return
-        failures.handlers_before_fit.setdefault(signum, before)
+        handlers_before_fit.setdefault(signum, before)
 
         def while_stopping(number: int, frame: Any) -> None:
             name = signal.Signals(number).name
@@ -561,9 +561,23 @@ class Watchdog:
 _current: Watchdog | None = None  # this process's newest
 
 
+handlers_before_fit: dict[int, Any] = {}  # what RankWatch's signal handlers stand in for
+
+
+def restore_signal_handlers() -> None:
+    """The signal handlers of before the fit, in place of those that note a signal while a stop is
+    under way: called once a stopped run's outcome is recorded (and when fitting ends)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in handlers_before_fit.items():
+            signal.signal(signum, handler)
+    handlers_before_fit.clear()
+
+
 def stop_watching() -> None:
     """Called once the outcome of a run that stopped for a SIGTERM is recorded (summary.json, its
-    line): the watch of its stop ends; a process that goes on (a notebook) is not ended later."""
+    line): the watch of its stop ends and the handlers of before the fit are back; a process that
+    goes on (a notebook) is not ended later."""
+    restore_signal_handlers()
     watchdog = _current
     if watchdog is not None and watchdog.stopping_at is not None:
         watchdog.stop()

@@ -32,7 +32,6 @@ from litlab.errors import EXIT_PREEMPTED
 from litlab.logs import global_rank
 from litlab.run import doctor
 from litlab.run.ending import failure_reason
-from litlab.run.failures import restore_signal_handlers
 from litlab.run.hangs import stop_watching
 from litlab.run.loggers import log_final_metrics
 from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups, sweep_job
@@ -133,7 +132,6 @@ class Run:
                     EXIT_PREEMPTED,
                 )
                 stop_watching()  # recorded: what is left is the exit
-                restore_signal_handlers()
                 raise SystemExit(EXIT_PREEMPTED) from error
             raise
 
@@ -180,17 +178,19 @@ def prepare_run(cfg: DictConfig) -> Run:
         debug_run=bool(cfg.trainer.get("fast_dev_run")),  # a key the YAML leaves out: Lightning's default
         code={**code.record(), "settings": settings_fingerprint(settings)},
     )
+    storage = run.storage = run.resume.folder  # the identity's, or this code's version of it
     if run.resume.identity is not None:  # the run completed with other code: this code is a new run
         log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
         identity = run.identity = run.resume.identity
-        storage = run.storage = run.resume.folder or storage
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))
         if run.is_global_zero and not run.stored_in_own_dir:  # a sweep job's directory shows the outcome
             Summary.from_dict(run.resume.completed_summary).write(run_dir / "summary.json")
         return run
     if run.is_global_zero:
-        resume.begin(run.resume, run_dir, resume.tensorboard_dir(cfg))
+        storage.prepare()
+        resume.continue_tensorboard(run.resume, resume.tensorboard_dir(cfg), storage)
+        resume.record_start(storage, run.resume, run_dir)
         storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))  # no credentials (redact.py)
     log.info("run %s in %s (checkpoints: %s)", identity, run_dir, run.checkpoint_dir)
     return run

@@ -322,15 +322,6 @@ def logger_arguments(logger_cfg: DictConfig, run: Any) -> dict[str, Any]:
 # --- run.json: the run's history across restarts -------------------------------------------------
 
 
-def begin(decision: Decision, run_dir: Path, own_tensorboard_dir: Path | None) -> None:
-    """Global rank 0 starts training in the decided folder: its checkpoint folder, the TensorBoard
-    directory that continues (``continue_tensorboard``), and this start in run.json."""
-    assert decision.folder is not None
-    decision.folder.prepare()
-    continue_tensorboard(decision, own_tensorboard_dir, decision.folder)
-    record_start(decision.folder, decision, run_dir)
-
-
 def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None:
     """Append this start to ``<storage folder>/run.json`` (rank 0)."""
     record = _read_json(storage, RECORD)
