@@ -34,7 +34,7 @@ WORKDIR /home/litlab/app
 COPY --chown=1000:1000 pyproject.toml README.md ./
 COPY --chown=1000:1000 src ./src
 COPY --chown=1000:1000 configs ./configs
-RUN pip install './[s3,gcs,sweeps]' \
+RUN pip install './[s3,gcs,azure,sweeps]' \
     && mkdir -p logs
 
 ENTRYPOINT ["litlab-train"]

@@ -13,8 +13,10 @@ Sections:
    ``lightning.Trainer`` with no logger, litlab callbacks or checkpointing (litlab / bare Lightning is
    litlab's own cost, whatever the task); and ``plain_loop``, a hand-written PyTorch loop (the one
    task-specific part, ``PLAIN_TASKS``). Ratios are per repeat, reported as median and min-max.
-   ``--threads`` sets every run's torch threads (default: one per core). Speed options (compile,
-   channels_last, cudnn benchmark) run beside the default litlab run of one case.
+   ``--threads`` sets every run's torch threads (default: one per core). Options run beside the
+   default litlab run of their case, as a ratio to it: speed options (compile, channels_last, cudnn
+   benchmark) on the 3x32x32 cnn, and on the digits cnn the augmentation configs/data/digits.yaml
+   suggests (kornia, each sample its own draw) against none.
 2. startup: process start to the first optimizer step, beside ``import torch``/``import lightning``,
    and how long a config error (``precision=fp61``) takes to exit.
 3. sweep: the default launcher's pool (``hydra.launcher.devices=2`` on this CPU): its efficiency on
@@ -61,6 +63,11 @@ STEP_CASES: dict[str, list[str]] = {
 }
 
 
+# The augmentation configs/data/digits.yaml suggests: what drawing for each sample of a batch costs.
+AUGMENT_DIGITS = (
+    "data.augment=[{_target_: kornia.augmentation.RandomAffine, degrees: 10, translate: [0.1, 0.1], p: 1.0}]"
+)
+
 TINY_RUN = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2")
 TINY_RUN += ("test_after_fit=false",)
 # issue 20: the pool's makespan at most 15 % above the ideal; a job's own process at most 1.5 s more
@@ -91,9 +98,13 @@ class Settings:
     # The 9-job sweep, timed on a pool of 1 and of 2 devices.
     grid_overrides: tuple[str, ...] = ("sweep=precision_accumulation", "trainer.max_epochs=1")
     grid_devices: tuple[int, ...] = (1, 2)
-    # Speed options, off by default: each runs as one more litlab run beside the default of this case.
-    options_case: str = "cnn-synthetic-3x32x32"
-    options: tuple[str, ...] = ("compile=true", "model.channels_last=true", "trainer.benchmark=true")
+    # Options, off by default: each runs as one more litlab run beside the default of its case.
+    options: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {
+            "cnn-synthetic-3x32x32": ("compile=true", "model.channels_last=true", "trainer.benchmark=true"),
+            "cnn-digits": (AUGMENT_DIGITS,),
+        }
+    )
     import_modules: tuple[str, ...] = ("torch", "lightning")
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
@@ -119,8 +130,7 @@ class Settings:
                 *TINY_RUN,
             ),
             grid_devices=(2,),
-            options_case="cnn-digits",
-            options=("model.channels_last=true",),
+            options={"cnn-digits": (AUGMENT_DIGITS,)},
             import_modules=("lightning",),
             accelerator_steps=4,
             accelerator_warmup=2,
@@ -431,20 +441,19 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             # The main thread's CPU time: what other processes on the machine do not change.
             pair["cpu_litlab_vs_lightning"] = pair["litlab_cpu_ms"] / pair["lightning_cpu_ms"]
             case["runs"].append(pair)
-            if name == settings.options_case:
-                for option in settings.options:
-                    variant = bench.timed_run(
-                        f"{name}+{option}", "litlab", [*STEP_CASES[name], option], steps
-                    )
-                    case.setdefault("options", {}).setdefault(option, []).append(
-                        {
-                            "step_ms": median_ms(variant),
-                            "vs_default": median_ms(variant) / pair["litlab_step_ms"],
-                            "first_step_s": variant["first_step_unix"] - variant["process_start_unix"],
-                            "default_first_step_s": results["litlab"]["first_step_unix"]
-                            - results["litlab"]["process_start_unix"],
-                        }
-                    )
+            for option in settings.options.get(name, ()):
+                variant = bench.timed_run(f"{name}+{option}", "litlab", [*STEP_CASES[name], option], steps)
+                case.setdefault("options", {}).setdefault(option, []).append(
+                    {
+                        "step_ms": median_ms(variant),
+                        "vs_default": median_ms(variant) / pair["litlab_step_ms"],
+                        # Main-thread CPU time: steadier on a machine other processes share.
+                        "cpu_vs_default": median_ms(variant, "step_cpu_ends") / pair["litlab_cpu_ms"],
+                        "first_step_s": variant["first_step_unix"] - variant["process_start_unix"],
+                        "default_first_step_s": results["litlab"]["first_step_unix"]
+                        - results["litlab"]["process_start_unix"],
+                    }
+                )
             if name == "cnn-digits":  # the default `litlab-train`: startup figures beside it
                 litlab = results["litlab"]
                 startup["first_step_s"].append(litlab["first_step_unix"] - litlab["process_start_unix"])
@@ -469,6 +478,7 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
             case["options"][option] = {
                 "step_ms": statistics.median(v["step_ms"] for v in variants),
                 "vs_default": spread([v["vs_default"] for v in variants]),
+                "cpu_vs_default": spread([v["cpu_vs_default"] for v in variants]),
                 "first_step_s": statistics.median(v["first_step_s"] for v in variants),
                 "extra_first_step_s": statistics.median(
                     v["first_step_s"] - v["default_first_step_s"] for v in variants
@@ -783,15 +793,17 @@ def markdown(result: dict[str, Any]) -> str:
             lines += [
                 f"**Options** ({name}; each beside the default litlab run of the same repeat)",
                 "",
-                "| option | ms per step | vs default (min-max) | first step s | first step vs default |",
-                "| --- | ---: | ---: | ---: | ---: |",
-                f"| (default) | {case['litlab_step_ms']:.2f} | 1.00 | | |",
+                "| option | ms per step | vs default (min-max) | same, main-thread CPU time | first step s "
+                "| first step vs default |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |",
+                f"| (default) | {case['litlab_step_ms']:.2f} | 1.00 | 1.00 | | |",
             ]
             for option, o in case["options"].items():
                 ratio = o["vs_default"]
                 lines.append(
                     f"| `{option}` | {o['step_ms']:.2f} "
                     f"| {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+                    f"| {o['cpu_vs_default']['median']:.2f} "
                     f"| {o['first_step_s']:.1f} | {o['extra_first_step_s']:+.1f} s |"
                 )
             lines.append("")

@@ -25,6 +25,7 @@ from pathlib import Path
 ENTRY_POINTS = {
     "litlab-train": "litlab.cli.train",
     "litlab-eval": "litlab.cli.evaluate",
+    "litlab-predict": "litlab.cli.predict",
     "litlab-compare": "litlab.cli.compare",
 }
 HEAVY = ("torch", "lightning")

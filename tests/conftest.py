@@ -21,6 +21,9 @@ from omegaconf import DictConfig, open_dict
 
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR, ENGINE_CONFIG_DIR
+from tests.azurite_server import azure_server  # noqa: F401  (a fixture: Azurite on 127.0.0.1)
+from tests.gcs_server import gcs_server  # noqa: F401  (a fixture: gcp-storage-emulator on 127.0.0.1)
+from tests.object_stores import object_store  # noqa: F401  (each object store's server in turn)
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: moto_server on 127.0.0.1)
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real single-node Slurm, session-scoped)
 from tests.warm import WarmProcess, WarmStarts
@@ -34,6 +37,10 @@ FAULTS_IMPORTABLE = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.env
 # LITLAB_TEST_SEED=<seed> replays a failure.
 TEST_SEED = int(os.environ.get("LITLAB_TEST_SEED") or random.SystemRandom().randrange(2**32))
 os.environ["LITLAB_TEST_SEED"] = str(TEST_SEED)  # pytest-xdist's workers, started later, draw the same
+# No test machine is a cloud VM: the AWS and Google credential chains would otherwise ask a metadata
+# server that is not there, and wait for it (14 s per GCS filesystem made without credentials).
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+os.environ.setdefault("NO_GCE_CHECK", "true")
 
 
 def pytest_report_header() -> str:

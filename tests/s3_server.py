@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,18 @@ class S3Server:
     endpoint: str
     access_key: str
     secret_key: str
+    pid: int  # the server's process (tests stop it with SIGSTOP)
+    name = "s3"
+    scheme = "s3"
+
+    @property
+    def secrets(self) -> list[str]:
+        """What must appear in no byte a litlab process writes: the credentials env() gives it."""
+        return [self.access_key, self.secret_key]
+
+    def storage(self, bucket: str, prefix: str) -> list[str]:
+        """The litlab overrides that store a run under ``s3://bucket/prefix`` on this server."""
+        return ["storage=s3", f"storage.root=s3://{bucket}/{prefix}", f"storage.endpoint_url={self.endpoint}"]
 
     def env(self) -> dict[str, str]:
         """Environment of a litlab process that uses this server (credentials only from here)."""
@@ -66,17 +79,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:
+def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:
+    """Until a GET of ``url`` answers; raises if the server's ``process`` exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited with status {process.returncode}")
+            raise RuntimeError(f"{process.args[0]} exited with status {process.returncode}")
         try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:  # an answer all the same (Azurite: 400, no account in the URL)
             return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"moto_server did not answer on {url} within {timeout} s")
+    raise RuntimeError(f"{process.args[0]} did not answer on {url} within {timeout} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a server started for the tests: SIGTERM, then SIGKILL after 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _enable_authentication(url: str) -> tuple[str, str]:
@@ -114,13 +140,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             stderr=subprocess.STDOUT,
         )
     try:
-        _wait_until_up(url, process)
+        wait_until_up(f"{url}/moto-api/", process)
         access_key, secret_key = _enable_authentication(url)
-        yield S3Server(endpoint=url, access_key=access_key, secret_key=secret_key)
+        yield S3Server(endpoint=url, access_key=access_key, secret_key=secret_key, pid=process.pid)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)

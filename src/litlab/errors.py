@@ -58,9 +58,9 @@ def error_chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
-def spawned_rank_failure(error: BaseException) -> str | None:
-    """Which ``strategy=ddp_spawn`` rank failed and why, from the error torch.multiprocessing raises in
-    the launching process (it carries the rank's traceback as text); None for other errors."""
+def forked_rank_failure(error: BaseException) -> str | None:
+    """Which ``strategy=ddp_notebook`` rank failed and why, from the error torch.multiprocessing raises
+    in the process that forked the ranks (it carries the rank's traceback as text); None for other errors."""
     names = {cls.__name__ for cls in type(error).__mro__}
     rank = getattr(error, "error_index", "?")
     if "ProcessRaisedException" in names:
@@ -102,7 +102,7 @@ def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:
 
 def warn_about_setup(cfg: DictConfig, world_size: int) -> None:
     """Warnings for configs that run but are probably not what was meant."""
-    if cfg.strategy.name in ("ddp", "ddp_spawn", "fsdp") and world_size == 1:
+    if cfg.strategy.name in ("ddp", "ddp_notebook", "fsdp") and world_size == 1:
         log.warning(
             "strategy=%s with trainer.devices=%s and trainer.num_nodes=%s runs one process: %s adds "
             "only overhead; use trainer.devices=N for N ranks, or strategy=auto",

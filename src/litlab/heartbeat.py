@@ -191,6 +191,20 @@ def unwatch(name: str, job: Callable[[], None] | None = None) -> None:
         _jobs.pop(name, None)
 
 
+def _forget_the_parents_watch() -> None:
+    """In a forked child (a ``strategy=ddp_notebook`` rank, a DataLoader worker): fork copies only the
+    forking thread, so the parent's watchdog thread is not here, and its jobs (the run lock's beat)
+    stay the parent's; a rank's watch starts its own. The event is new: the parent's thread may have
+    held its lock at the fork."""
+    global _thread, _wake
+    _jobs.clear()
+    _due.clear()
+    _thread, _wake = None, threading.Event()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_watch)
+
+
 def _run() -> None:
     while True:  # idle, not ended, without jobs: a job added as it would end would never run
         _wake.wait(min((every_s for every_s, _ in list(_jobs.values())), default=1.0))

@@ -44,9 +44,12 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert run["ratio"] == pytest.approx(run["litlab_step_ms"] / run["plain_step_ms"])
     assert all(run[f"{r}_step_ms"] > 0 for r in bench.RUNNERS)
     assert "| cnn-digits | ImageClassifier | 30 |" in table
-    (option,) = case["options"].values()  # tiny: model.channels_last=true beside the default run
+    # tiny: the digits' suggested augmentation (kornia, each sample its own draw) beside the default run
+    (option,) = case["options"].values()
     assert option["step_ms"] > 0 and len(option["runs"]) == 1
-    assert "`model.channels_last=true`" in table
+    assert option["vs_default"]["median"] == pytest.approx(option["step_ms"] / run["litlab_step_ms"])
+    assert option["cpu_vs_default"]["median"] > 0
+    assert f"`{bench.AUGMENT_DIGITS}`" in table
 
     startup = report["startup"]
     for key in ("import_lightning_s", "first_step_s", "config_error_exit_s"):
@@ -148,10 +151,12 @@ def test_accelerator_runs_are_valid_train_configs(size: int, precision: str, acc
     assert n - int(n * cfg.data.val_fraction) - int(n * cfg.data.test_fraction) == 4 * cfg.data.batch_size
 
 
-@pytest.mark.parametrize("option", bench.Settings().options)
-def test_speed_options_are_valid_train_configs(option: str, tmp_path: Path):
-    settings = bench.Settings()
-    overrides = [*bench.STEP_CASES[settings.options_case], option]
+@pytest.mark.parametrize(
+    ("case", "option"),
+    [(case, option) for case, options in bench.Settings().options.items() for option in options],
+)
+def test_options_are_valid_train_configs(case: str, option: str, tmp_path: Path):
+    overrides = [*bench.STEP_CASES[case], option]
     cfg = bench.compose_train_config(
         [*overrides, *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10)]
     )
@@ -159,7 +164,7 @@ def test_speed_options_are_valid_train_configs(option: str, tmp_path: Path):
     # An option the bench measures changes what the default run does.
     default = bench.compose_train_config(
         [
-            *bench.STEP_CASES[settings.options_case],
+            *bench.STEP_CASES[case],
             *bench.litlab_timing_overrides(tmp_path / "s.json", 80, 10),
         ]
     )

@@ -23,7 +23,6 @@ import torch
 
 from litlab.storage.resume import load_point
 from tests.conftest import FAULTS_IMPORTABLE, TINY, WARM, litlab, ok, run_dirs, start_litlab, summary
-from tests.integration.test_storage_faults import _pid_listening_on
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +152,7 @@ def test_a_data_loader_worker_that_stops_yielding_is_named(tmp_path):
 def test_a_checkpoint_write_to_a_stalled_s3_server_is_named_and_the_same_command_resumes(tmp_path, s3_server):
     log_dir = tmp_path / "logs"
     bucket = s3_server.create_bucket("stalls")
-    server = _pid_listening_on(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    server = s3_server.pid
     args = [
         "model=mlp",
         *STEPS,

@@ -5,23 +5,28 @@ server on 127.0.0.1 (moto) and an endpoint that accepts connections but never an
 must exit 2 with one stderr line naming the URL and the cause, before torch loads (what makes it
 fast: PYTHONPROFILEIMPORTTIME lists what the process imported; the storage check's own probe has a
 2 s timeout and no retries) and before any run directory exists, leaving earlier files untouched.
-No wall-clock bound: ``HANG_GUARD_S`` only stops a command that hangs.
+No wall-clock bound: ``HANG_GUARD_S`` only stops a command that hangs. The same check on every
+object store (S3, GCS, Azure: tests.object_stores) is called in-process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from litlab.storage import lock
 from litlab.storage.checkpoints import AtomicCheckpointIO
-from litlab.storage.roots import RunStorage
-from tests.conftest import litlab, run_dirs
+from litlab.storage.roots import RunStorage, StorageError, check_storage, storage_options
+from tests.conftest import compose_train, litlab, run_dirs
 
 HANG_GUARD_S = 120  # a command that hangs fails the test instead of the suite
 IMPORT_TIME = "import time:"  # the lines PYTHONPROFILEIMPORTTIME=1 writes to stderr, one per module
@@ -180,18 +185,24 @@ def test_checkpoints_are_listed_newest_first_and_temporaries_removed(tmp_path):
     assert not (folder / ".last.ckpt.abc123.tmp").exists()
 
 
-def test_s3_the_folder_of_a_code_version_is_found_among_its_siblings(s3_server, monkeypatch):
-    """litlab.storage.resume.find lists the identity's later versions on S3 as on disk:
+def storage_config(object_store, tmp_path: Path, bucket: str, prefix: str, *overrides: str) -> dict:
+    """The storage config of a run stored under ``<scheme>://bucket/prefix`` on ``object_store``, as
+    litlab-train composes it."""
+    cfg = compose_train([*object_store.storage(bucket, prefix), *overrides], tmp_path)
+    return OmegaConf.to_container(cfg.storage, resolve=True)
+
+
+def test_object_store_the_folder_of_a_code_version_is_found_among_its_siblings(
+    object_store, monkeypatch, tmp_path
+):
+    """litlab.storage.resume.find lists the identity's later versions in a bucket as on disk:
     after a code change, an unfinished later version is continued, else this code's own folder."""
-    import json
-
     from litlab.storage import resume
-    from litlab.storage.roots import storage_options
 
-    for name, value in s3_server.env().items():
+    for name, value in object_store.env().items():
         monkeypatch.setenv(name, value)
-    root = f"s3://{s3_server.create_bucket('versions')}/runs"
-    options = storage_options({"root": root, "endpoint_url": s3_server.endpoint})
+    config = storage_config(object_store, tmp_path, object_store.create_bucket("versions"), "runs")
+    root, options = config["root"], storage_options(config)
     code = {letter: {"fingerprint": letter * 40, "files": {}} for letter in "abc"}
     base = RunStorage(root, "default-0123456789", options)
     resume.record_start(base, resume.Decision(code=code["a"]), Path("run-dir"))
@@ -202,3 +213,46 @@ def test_s3_the_folder_of_a_code_version_is_found_among_its_siblings(s3_server, 
     resume.record_start(later, resume.Decision(code=code["b"]), Path("run-dir"))  # then killed
     assert resume.find("auto", base, code["c"]).folder.identity == later.identity
     assert resume.find("never", base, code["c"]).folder.identity.endswith("-cccccccc")
+
+
+def test_object_store_check_names_a_missing_bucket_an_endpoint_that_never_answers_and_a_held_lock(
+    object_store, monkeypatch, tmp_path
+):
+    """The check before training, in-process, on every object store (the processes above prove, on
+    S3, that it runs before torch loads): one line for a missing bucket and for an endpoint that
+    accepts connections but never answers; the preflight's lock check reads a lock in the bucket."""
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+
+    def storage(bucket: str, prefix: str, *overrides: str) -> dict:
+        return storage_config(object_store, tmp_path, bucket, prefix, *overrides)
+
+    kind = "container" if object_store.name == "azure" else "bucket"
+    with pytest.raises(StorageError) as missing:
+        check_storage(storage("no-such-bucket", "litlab"))
+    root = f"{object_store.scheme}://no-such-bucket/litlab"
+    expected = f"storage root {root} is not usable: {kind} 'no-such-bucket' does not exist"
+    assert str(missing.value).startswith(expected), missing.value
+
+    # A listening socket that never accepts: connections hang, as with a firewalled endpoint.
+    with socket.socket() as black_hole:
+        black_hole.bind(("127.0.0.1", 0))
+        black_hole.listen(16)
+        endpoint = f"http://127.0.0.1:{black_hole.getsockname()[1]}"
+        with pytest.raises(StorageError) as unreachable:
+            check_storage(
+                storage("ckpts", "litlab", f"storage.endpoint_url={endpoint}", "storage.check_timeout_s=0.5")
+            )
+    assert f"endpoint {endpoint}" in str(unreachable.value) and "unreachable" in str(unreachable.value)
+
+    # A lock held by a live process (the server's, on this host), as a run's start leaves it.
+    config = storage(object_store.create_bucket("locked"), "runs")
+    run = RunStorage(config["root"], "default-0123456789", storage_options(config))
+    holder = {"host": socket.gethostname(), "pid": object_store.pid, "started": "now", "token": "x"}
+    run.fs.pipe_file(
+        f"{run.path}{lock.LOCK_SUFFIX}", json.dumps({**holder, "heartbeat": time.time()}).encode()
+    )
+    with pytest.raises(
+        StorageError, match=rf"is already running: {run.url}\.lock is held by pid {holder['pid']}"
+    ):
+        lock.check_not_locked(run)

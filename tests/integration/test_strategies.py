@@ -1,12 +1,13 @@
 """Samples of tests/unit/test_strategies.py's walk that need real processes: a refused combination
-really ends ``litlab-train`` in one line (before any run directory exists), and an accepted
-multi-process one with a 16-bit precision really trains on 2 CPU ranks."""
+really ends ``litlab-train`` in one line (before any run directory exists). An accepted multi-process
+one with a 16-bit precision really trains on 2 CPU ranks in tests/integration/test_notebook.py, which
+compares that ddp run with the same run forked from a notebook (strategy=ddp_notebook)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import TINY, litlab, ok, run_dirs, summary
+from tests.conftest import TINY, litlab, run_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -18,14 +19,3 @@ def test_fsdp_on_a_cpu_ends_in_one_line_naming_it_and_what_to_use(log_dir):
     assert line.startswith("litlab: error: strategy=fsdp needs GPUs (trainer.accelerator=gpu)"), line
     assert "use strategy=ddp" in line and "Traceback" not in result.stderr
     assert not run_dirs(log_dir)
-
-
-def test_ddp_with_bf16_mixed_precision_trains_on_two_cpu_ranks(log_dir):
-    ok(litlab("litlab-train", "strategy=ddp", "trainer.devices=2", "precision=bf16", *TINY, timeout=120))
-    (run,) = run_dirs(log_dir)
-    outcome = summary(run)
-    assert (outcome["status"], outcome["world_size"], outcome["precision"]["effective"]) == (
-        "completed",
-        2,
-        "bf16-mixed",
-    )

@@ -1,5 +1,5 @@
 """How failures are put into one line: storage errors (a full disk, an endpoint that does not answer),
-a ``strategy=ddp_spawn`` rank's error, a lost peer; and the bound on S3 retries the docs state."""
+a ``strategy=ddp_notebook`` rank's error, a lost peer; and the bound on S3 retries the docs state."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import fsspec
 import pytest
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-from litlab.errors import spawned_rank_failure
+from litlab.errors import forked_rank_failure
 from litlab.run.failures import _how_it_ended, lost_a_peer
 from litlab.storage.roots import (
     StorageFailed,
@@ -82,26 +82,26 @@ def test_s3_filesystems_of_a_run_try_each_request_once_at_s3fs_level(monkeypatch
             fsspec.register_implementation(protocol, s3fs.S3FileSystem, clobber=True)
 
 
-def test_a_ddp_spawn_rank_s_error_becomes_one_line_naming_the_rank():
+def test_a_forked_ddp_notebook_rank_s_error_becomes_one_line_naming_the_rank():
     traceback = (
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
         '  File "x.py", line 1, in f\n'
         "litlab.callbacks.nonfinite.NonFiniteLoss: litlab: error: at global step 1 the loss is nan\n"
     )
     assert (
-        spawned_rank_failure(ProcessRaisedException(traceback, 1, 123))
+        forked_rank_failure(ProcessRaisedException(traceback, 1, 123))
         == "rank 1: at global step 1 the loss is nan"
     )
     plain = traceback.replace(
         "litlab.callbacks.nonfinite.NonFiniteLoss: litlab: error:", "builtins.ValueError:"
     )
     assert (
-        spawned_rank_failure(ProcessRaisedException(plain, 0, 123))
+        forked_rank_failure(ProcessRaisedException(plain, 0, 123))
         == "rank 0 failed: ValueError: at global step 1 the loss is nan"
     )
     killed = ProcessExitedException("exited", 1, 123, exit_code=-9, signal_name="SIGKILL")
-    assert spawned_rank_failure(killed) == "rank 1 was killed by SIGKILL (exit code -9)"
-    assert spawned_rank_failure(ValueError("x")) is None
+    assert forked_rank_failure(killed) == "rank 1 was killed by SIGKILL (exit code -9)"
+    assert forked_rank_failure(ValueError("x")) is None
 
 
 def test_a_lost_peer_is_told_from_a_rank_s_own_error():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from litlab.cli import evaluate, train
+from litlab.cli import evaluate, predict, train
 from tests.conftest import REPO, option_names
 
 GROUPS_LISTED = "(* marks what this command line picks):\n"
@@ -36,7 +36,10 @@ def without_the_group_list(text: str) -> str:
     return before + listed.split("\n\n", 1)[1]
 
 
-@pytest.mark.parametrize("main,program", [(train.main, "litlab-train"), (evaluate.main, "litlab-eval")])
+@pytest.mark.parametrize(
+    "main,program",
+    [(train.main, "litlab-train"), (evaluate.main, "litlab-eval"), (predict.main, "litlab-predict")],
+)
 def test_the_engines_help_names_no_task(main, program, monkeypatch, capsys):
     words = task_words()
     assert {"digits", "cnn", "char_lm"} <= words  # the examples' words are found, not an empty set

@@ -1,2 +1,2 @@
-"""The console scripts: ``litlab-train``, ``litlab-eval``, ``litlab-compare``, each a short recipe,
-and the command line's preflight."""
+"""The console scripts: ``litlab-train``, ``litlab-eval``, ``litlab-predict``, ``litlab-compare``, each
+a short recipe, and the command line's preflight."""

@@ -44,13 +44,16 @@ def train(config: Sequence[str] | DictConfig = ()) -> dict[str, Any]:
     or a config from ``compose``. Returns the run's summary (summary.json: status, metrics, ...).
 
     Errors are raised, not printed: ConfigError for a bad config, LitlabError for a run that
-    stopped. Several ranks need processes of their own: ``litlab-train`` (docs/launch.md)."""
+    stopped. Several devices: ``strategy=ddp_notebook`` forks their ranks from this process (a
+    notebook's way); other strategies need ``litlab-train`` (docs/launch.md)."""
     cfg = config if isinstance(config, DictConfig) else compose(config)
     devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
-    if (devices or 1) > 1 or nodes > 1:
+    forked = cfg.strategy.get("start_method") == "fork"  # Lightning forks the ranks from this process
+    if nodes > 1 or ((devices or 1) > 1 and not forked):
         raise ConfigError(
-            f"trainer.devices={cfg.trainer.devices} trainer.num_nodes={nodes}: litlab.train trains in this "
-            "process, on one device; several ranks need processes of their own: litlab-train (docs/launch.md)"
+            f"trainer.devices={cfg.trainer.devices} trainer.num_nodes={nodes} strategy={cfg.strategy.name}: "
+            "litlab.train trains in this process; several devices of this machine need strategy=ddp_notebook "
+            "(ranks forked from it), several machines litlab-train (docs/launch.md)"
         )
     return run_checked(cfg, one_line_exit=False)
 

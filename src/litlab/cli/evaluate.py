@@ -3,16 +3,18 @@
 The module and datamodule are rebuilt from the run config every litlab checkpoint carries
 (``litlab.storage.checkpoints.RunConfigInCheckpoint``), redacted values resolved from this process's
 environment, and the weights loaded with ``weights_only=True``. Writes ``eval.json`` in its own run
-directory.
+directory. ``litlab-predict`` (``litlab.cli.predict``) rebuilds and starts the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -36,33 +38,18 @@ def evaluate(cfg: DictConfig) -> float | None:
 
     import lightning as L
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from litlab.callbacks.progress import progress_bar
-    from litlab.config.redact import unresolvable
-    from litlab.errors import LitlabError, check_gpus_available
     from litlab.logs import route_lightning_logs_to_root
-    from litlab.run.build import build_datamodule, build_module
     from litlab.run.ending import one_line_errors
-    from litlab.storage.checkpoints import RUN_CONFIG_KEY, read_run_checkpoint
 
     log = logging.getLogger("litlab")
     route_lightning_logs_to_root()
     quiet.drop_known_noise()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # Not a checkpoint, another model's, no such GPU: one line, no traceback, no run directory left.
-    with _no_run_dir_after_bad_input(run_dir), one_line_errors():
-        checkpoint = read_run_checkpoint(cfg.ckpt_path)
-        stored = checkpoint[RUN_CONFIG_KEY]
-        train_cfg = OmegaConf.create(stored["config"])
-        # A checkpoint stores values from the environment as their interpolations (litlab.config.redact):
-        # they resolve here, from this process's environment; one line names any that cannot.
-        problem = unresolvable(train_cfg, ("data", "model", "precision"))
-        if problem is not None:
-            raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
-        data = build_datamodule(train_cfg, train_cfg.data.batch_size)
-        module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
-        check_gpus_available(cfg, prefix="")
+    with no_run_dir_after_bad_input(run_dir), one_line_errors():
+        stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
             devices=cfg.devices,
@@ -71,17 +58,8 @@ def evaluate(cfg: DictConfig) -> float | None:
             callbacks=[progress_bar()],
             default_root_dir=str(run_dir),
         )
-        try:
+        with weights_that_fit(cfg.ckpt_path, stored):
             trainer.test(module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, verbose=False)
-        except RuntimeError as error:
-            if "state_dict" not in str(error):
-                raise
-            model = stored.get("choices", {}).get("model", "?")
-            raise LitlabError(
-                f"ckpt_path={cfg.ckpt_path} holds weights that do not fit model={model}, the model its "
-                f"config names ({_first_line(error)}): they come from another model, or from an older "
-                "version of its network code"
-            ) from error
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
     result = {"ckpt_path": str(cfg.ckpt_path), "run_name": train_cfg.get("run_name"), "metrics": metrics}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -93,16 +71,68 @@ def evaluate(cfg: DictConfig) -> float | None:
     return metrics.get(tested)
 
 
+def rebuild_from_checkpoint(cfg: DictConfig) -> tuple[dict, DictConfig, Any, Any]:
+    """What ``cfg.ckpt_path`` (a path or fsspec URL) was trained with, rebuilt from the run config it
+    carries: (its stored run record, the run's config, the datamodule, the module, weights not yet
+    loaded). ``cfg.data``, where the command's config has one, replaces the stored data config.
+    Raises LitlabError for a file that is not a litlab checkpoint or a value that does not resolve."""
+    from omegaconf import OmegaConf
+
+    from litlab.config.redact import unresolvable
+    from litlab.errors import LitlabError, check_gpus_available
+    from litlab.run.build import build_datamodule, build_module
+    from litlab.storage.checkpoints import RUN_CONFIG_KEY, read_run_checkpoint
+
+    stored = read_run_checkpoint(cfg.ckpt_path)[RUN_CONFIG_KEY]
+    train_cfg = OmegaConf.create(stored["config"])
+    if cfg.get("data") is not None:  # data=NAME: other data than the run's, resolved in this config
+        train_cfg.data = OmegaConf.to_container(cfg.data, resolve=True)
+    # A checkpoint stores values from the environment as their interpolations (litlab.config.redact):
+    # they resolve here, from this process's environment; one line names any that cannot.
+    problem = unresolvable(train_cfg, ("data", "model", "precision"))
+    if problem is not None:
+        raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
+    data = build_datamodule(train_cfg, train_cfg.data.batch_size)
+    module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
+    check_gpus_available(cfg, prefix="")
+    return stored, train_cfg, data, module
+
+
 @contextlib.contextmanager
-def _no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
+def weights_that_fit(ckpt_path: str, stored: dict) -> Iterator[None]:
+    """Lightning's error for weights that do not fit the rebuilt module, as one line naming the model."""
+    from litlab.errors import LitlabError
+
+    try:
+        yield
+    except RuntimeError as error:
+        if "state_dict" not in str(error):
+            raise
+        model = stored.get("choices", {}).get("model", "?")
+        raise LitlabError(
+            f"ckpt_path={ckpt_path} holds weights that do not fit model={model}, the model its "
+            f"config names ({_first_line(error)}): they come from another model, or from an older "
+            "version of its network code"
+        ) from error
+
+
+@contextlib.contextmanager
+def no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
     """Removes the run directory Hydra made (and its parents, where that leaves them empty) when the
     block exits for bad input (status 2): bad input leaves nothing behind, as in preflight."""
     try:
         yield
     except SystemExit as stop:
         if stop.code == 2:
+            # Hydra's log file is in it: closed first, so that this process (a test, a notebook) does
+            # not go on logging into a file whose folder is gone.
+            root = logging.getLogger()
+            for handler in list(root.handlers):
+                if isinstance(handler, logging.FileHandler) and run_dir in Path(handler.baseFilename).parents:
+                    root.removeHandler(handler)
+                    handler.close()
             shutil.rmtree(run_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):  # eval/runs/, then eval/, if that left them empty
+            with contextlib.suppress(OSError):  # <task>/runs/, then <task>/, if that left them empty
                 run_dir.parent.rmdir()
                 run_dir.parent.parent.rmdir()
         raise
@@ -115,12 +145,18 @@ def _first_line(error: BaseException) -> str:
 
 def main() -> None:
     """Console script: check the command line's config, then hand over to Hydra."""
+    start("eval", evaluate)
+
+
+def start(config_name: str, hydra_main: Callable[[], Any]) -> None:
+    """``litlab-<config_name>`` (eval, predict): check the command line's config, then hand over to
+    Hydra's ``hydra_main``."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # ckpt_path=PATH that Hydra cannot parse: how to quote it
-    check_or_exit("eval", sys.argv[1:])
+    check_or_exit(config_name, sys.argv[1:])
     try:
-        evaluate()
+        hydra_main()
     finally:
         garbage_collection.skip_collection_at_exit()
 

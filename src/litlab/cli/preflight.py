@@ -81,7 +81,9 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
             check_train_config(cfg, args)
             check_storage_and_resume(cfg)
         else:
-            rules.check_eval(cfg)
+            rules.check_eval(cfg, program=f"litlab-{config_name}")
+            if cfg.get("data") is not None:  # litlab-predict data=NAME: its keys, as train checks them
+                signatures.check(cfg, args, config_dirs(cfg))
     except roots.StorageError as error:
         raise rules.ConfigError(str(error)) from None
     except MissingMandatoryValue as error:  # e.g. a group's default removed with ~trainer
@@ -147,9 +149,7 @@ def check_storage_and_resume(cfg: DictConfig) -> None:
     try:
         storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue:
-        example = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix"}.get(
-            cfg.storage.name, "/mnt/drive/litlab"
-        )
+        example = roots.EXAMPLE_ROOTS.get(cfg.storage.name, "/mnt/drive/litlab")
         raise roots.StorageError(
             f"storage={cfg.storage.name} needs storage.root, e.g. storage.root={example}"
         ) from None

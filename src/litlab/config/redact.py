@@ -38,7 +38,8 @@ _READS_ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
 _PURE_ENV_REFERENCE = re.compile(r"^\$\{oc\.env:\s*[A-Za-z_][A-Za-z0-9_]*\s*\}$")
 # On the key in snake_case: substrings for the unambiguous names, a word ending in "token" for tokens.
 _CREDENTIAL_KEY = re.compile(
-    r"password|passwd|secret|credential|api_?key|access_?key|(?:^|_)[a-z0-9]*token(?:_|$)"
+    r"password|passwd|secret|credential|api_?key|access_?key|account_?key|connection_?string"
+    r"|(?:^|_)[a-z0-9]*token(?:_|$)"
 )
 # Stands for an environment value while finding which values depend on one (no config text has it).
 _ENV_MARK = "\x00litlab-environment\x00"

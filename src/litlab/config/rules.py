@@ -180,12 +180,12 @@ def check_runtime_options(cfg: DictConfig) -> None:
         )
 
 
-def check_eval(cfg: DictConfig) -> None:
-    """Rules of an eval config. Raises ConfigError."""
+def check_eval(cfg: DictConfig, program: str = "litlab-eval") -> None:
+    """Rules of an eval (or predict) config. Raises ConfigError."""
     import zipfile
 
     if OmegaConf.is_missing(cfg, "ckpt_path"):
-        raise ConfigError("ckpt_path is required: litlab-eval ckpt_path=<run dir>/checkpoints/last.ckpt")
+        raise ConfigError(f"ckpt_path is required: {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     path = str(cfg.ckpt_path)
     if "://" not in path and not os.path.isfile(path):
         raise ConfigError(f"ckpt_path={path} is not a file")

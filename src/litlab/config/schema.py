@@ -46,6 +46,15 @@ class S3StorageConfig(ObjectStorageConfig):
 @dataclass
 class GCSStorageConfig(ObjectStorageConfig):
     project: str | None = MISSING
+    max_attempts: int = MISSING  # tries of every request during the run (gcsfs's retries)
+    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
+
+
+@dataclass
+class AzureStorageConfig(ObjectStorageConfig):
+    account_name: str | None = MISSING  # the storage account (not a secret); null: from the environment
+    max_attempts: int = MISSING  # tries of every request during the run (the SDK's ExponentialRetry)
+    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass
@@ -119,6 +128,15 @@ class EvalConfig:
     devices: Any = MISSING
 
 
+@dataclass
+class PredictConfig(EvalConfig):
+    """configs/predict.yaml: eval's settings, Lightning's strategy and nodes, and ``data=NAME``."""
+
+    strategy: str = MISSING
+    num_nodes: int = MISSING
+    data: Any = None  # a data group option to predict on instead of the run's data
+
+
 def register() -> None:
     """Store the schemas in Hydra's ConfigStore and register litlab's resolvers (idempotent)."""
     from litlab.config import resolvers
@@ -127,10 +145,16 @@ def register() -> None:
     store = ConfigStore.instance()
     store.store(name="litlab_train_schema", node=_train_schema())
     store.store(name="litlab_eval_schema", node=EvalConfig)
+    store.store(name="litlab_predict_schema", node=PredictConfig)
     options = {
         "precision": {"default": PrecisionConfig},
         "oom": {"default": OomConfig},
-        "storage": {"default": StorageConfig, "s3": S3StorageConfig, "gcs": GCSStorageConfig},
+        "storage": {
+            "default": StorageConfig,
+            "s3": S3StorageConfig,
+            "gcs": GCSStorageConfig,
+            "azure": AzureStorageConfig,
+        },
     }
     for group, schemas in options.items():
         for name, node in schemas.items():

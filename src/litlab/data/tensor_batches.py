@@ -35,10 +35,11 @@ class TensorBatches:
     from the process group, as ``ResumableDataLoader`` does (``rank`` and ``world_size`` override it).
 
     Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
-    i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i),
-    never from the global RNG. ``state_dict`` records how many batches of the current epoch were
-    consumed, and ``load_state_dict`` makes the next ``iter()`` continue there (read at its first
-    batch). Use it from your datamodule's ``train_dataloader`` (and, unshuffled, for evaluation)::
+    i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i, rank),
+    never from the global RNG: each rank draws its own. ``state_dict`` records how many batches of
+    the current epoch were consumed, and ``load_state_dict`` makes the next ``iter()`` continue there
+    (read at its first batch). Use it from your datamodule's ``train_dataloader`` (and, unshuffled,
+    for evaluation)::
 
         return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed)
     """
@@ -105,10 +106,15 @@ class TensorBatches:
             batch = [t[index] for t in self.tensors]
             if self.transform is not None:
                 with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(hash((self.seed, self.epoch, i)) % 2**63)
+                    torch.manual_seed(hash((self.seed, self.epoch, i, self.rank)) % 2**63)
                     batch[0] = self.transform(batch[0])
             self._consumed = i + 1
             yield tuple(batch)
+
+    def batch_indices(self, batch_idx: int) -> list[int]:
+        """The indices into the tensors of this rank's batch ``batch_idx`` of the current epoch:
+        litlab-predict writes them beside each prediction (Lightning tracks them for DataLoaders only)."""
+        return self._shard()[batch_idx * self.batch_size : (batch_idx + 1) * self.batch_size].tolist()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self._consumed}

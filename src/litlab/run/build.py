@@ -42,7 +42,7 @@ from litlab.errors import LitlabError, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.hangs import HeartbeatAfterYourCallbacks, RankWatch
-from litlab.run.lifecycle import Run, write_summary
+from litlab.run.lifecycle import ForkedRankZero, Run, write_summary
 from litlab.run.loggers import (
     check_wandb_login,
     credential_arguments,
@@ -283,6 +283,8 @@ def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None)
             plugins=[AtomicCheckpointIO()],  # a kill or a full disk mid-write never truncates a checkpoint
         )
     run.note_precision(requested=cfg.precision.value, effective=str(trainer.precision))
+    # Lightning's launcher for notebooks forks the ranks from here (none under torchrun or Slurm).
+    run.forks_ranks = bool(trainer.strategy.launcher and trainer.strategy.launcher.is_interactive_compatible)
     warn_about_setup(cfg, trainer.world_size)
     join_restarted_torchrun_group(trainer)  # works around stale addresses in torchrun's store
     return trainer
@@ -327,6 +329,8 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         input_wait,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
     ]
+    if cfg.strategy.get("start_method") == "fork":  # ddp_notebook: what only forked rank 0 sees
+        callbacks.append(ForkedRankZero(cfg, run))
     if cfg.trainer.get("enable_model_summary") is not False:  # on unless false, as in Lightning
         callbacks.append(ModelSummaryWithMeasuredFlops())
     trial = trial_from_env()

@@ -56,14 +56,6 @@ def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
             f"trainer.accelerator={accelerator} needs {_NEEDS[device]}, which this machine does not have: "
             "use trainer.accelerator=cpu (or auto)"
         )
-    if strategy.name == "ddp_spawn":
-        # Its ranks fit in processes it spawns and hand back only weights and metrics: the launching
-        # process, where litlab writes summary.json, would report 0 steps and no history.
-        raise LitlabError(
-            "strategy=ddp_spawn is refused: its spawned ranks return weights and metrics but not their "
-            "progress, so summary.json would report a fit it did not see; use strategy=ddp with "
-            "trainer.devices=N (the same DDP, each rank a process of its own)"
-        )
     if strategy.name == "fsdp" and device != "cuda":
         raise LitlabError(
             f"strategy=fsdp needs GPUs (trainer.accelerator=gpu), and trainer.accelerator={accelerator} runs "

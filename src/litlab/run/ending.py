@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_FAILED, LitlabError, error_line, one_line, spawned_rank_failure
+from litlab.errors import EXIT_FAILED, LitlabError, error_line, forked_rank_failure, one_line
 from litlab.run.failures import World, current_world, lost_a_peer
 from litlab.run.hangs import follow_an_ending_run
 
@@ -31,7 +31,7 @@ def failure_reason(error: BaseException) -> str:
         return _explained(world, error)
     if isinstance(error, LitlabError):
         return error.reason
-    return spawned_rank_failure(error) or f"{type(error).__name__}: {error}"
+    return forked_rank_failure(error) or f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager
@@ -53,10 +53,10 @@ def one_line_errors() -> Iterator[None]:
         log.error(error.reason)
         _exit_in_one_line(error, error.exit_code)
     except Exception as error:
-        spawned = spawned_rank_failure(error)
-        if spawned is not None:  # strategy=ddp_spawn: the rank's traceback went to its own output
-            log.error(spawned)
-            _exit_in_one_line(LitlabError(spawned), EXIT_FAILED)
+        forked = forked_rank_failure(error)
+        if forked is not None:  # strategy=ddp_notebook: the forked rank's traceback came as text
+            log.error(forked)
+            _exit_in_one_line(LitlabError(forked), EXIT_FAILED)
         world = current_world()
         if world is None:
             raise

@@ -8,8 +8,11 @@ reports, sweeps and resume read.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
+import json
 import logging
+import os
 import platform
 import subprocess
 import time
@@ -20,7 +23,7 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -62,6 +65,9 @@ class Run:
     resume_exact: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more summary fields (nonfinite, oom, tune, world)
     lock: RunLock | None = None  # held by global rank 0 while the run trains
+    # strategy=ddp_notebook: Lightning forks the ranks from the process that prepared the run (its pid).
+    forks_ranks: bool = False  # set once the Trainer is built
+    pid: int = field(default_factory=os.getpid)
 
     def __enter__(self) -> Run:
         return self
@@ -87,6 +93,12 @@ class Run:
     @property
     def is_global_zero(self) -> bool:
         return global_rank() == 0
+
+    @property
+    def fit_elsewhere(self) -> bool:
+        """This process forked the ranks that fit (``strategy=ddp_notebook``): Lightning hands back to
+        it the metrics, the best checkpoint's path and the weights, not the progress (``ForkedRankZero``)."""
+        return self.forks_ranks and os.getpid() == self.pid
 
     @property
     def completed(self) -> bool:
@@ -214,7 +226,8 @@ def finish(
         tested = checkpoints["best"]
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
     metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
-    run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
+    if not run.fit_elsewhere:  # there forked rank 0 notes it: CUDA stays uninitialised in this process
+        run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
     summary = write_summary(
         cfg,
         trainer,
@@ -262,8 +275,25 @@ def _has_test_step(module: L.LightningModule) -> bool:
     return is_overridden("test_step", module)
 
 
+class ForkedRankZero(Callback):
+    """``strategy=ddp_notebook``: the fit runs in ranks Lightning forks from the process that prepared
+    the run, and the steps, epochs, history, throughput and world stay in them. Forked rank 0 writes
+    summary.json as its fit ends, as a ``ddp`` run's rank 0 would without a test; the process that
+    forked it then tests and writes it again with the test's outcome (``write_summary``)."""
+
+    def __init__(self, cfg: DictConfig, run: Run) -> None:
+        self.cfg, self.run = cfg, run
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and os.getpid() != self.run.pid:  # in the fork
+            self.run.extra["device_memory_mib"] = _device_memory_mib(trainer)
+            write_summary(self.cfg, trainer, self.run, status=COMPLETED)
+
+
 def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> Summary:
     summary = summarise(cfg, trainer, run, status, **extra)
+    if run.fit_elsewhere:
+        summary = _with_what_rank_zero_saw(summary, run)
     summary.diagnosis = doctor.diagnose(summary)  # what the run's own numbers show
     if run.is_global_zero:
         summary.write(run.dir / "summary.json")
@@ -325,6 +355,28 @@ def summarise(
         versions=_versions(),
         git_commit=_git_commit(),
         **run.extra,
+    )
+
+
+def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
+    """This process's summary of a fit that ran in forked ranks, on top of the one forked rank 0 wrote
+    as it ended (``ForkedRankZero``): its outcome (status, error, metrics, checkpoints, times) on rank
+    0's progress. An end rank 0 recorded itself (its watchdog's: a hang, a lost rank) is kept whole: it
+    says more than the exit status this process sees. Without one, the progress is unknown (None)."""
+    path = run.dir / "summary.json"
+    seen = Summary.from_dict(json.loads(path.read_text())) if path.is_file() else None
+    if seen is None or seen.started_at != summary.started_at:  # none of this start's
+        return dataclasses.replace(summary, epochs=None, global_step=None)
+    if seen.status != COMPLETED:
+        return seen
+    return dataclasses.replace(
+        seen,
+        status=summary.status,
+        error=summary.error,
+        metrics={**seen.metrics, **summary.metrics},
+        checkpoints={**seen.checkpoints, **{k: v for k, v in summary.checkpoints.items() if v is not None}},
+        wall_time_s=summary.wall_time_s,
+        finished_at=summary.finished_at,
     )
 
 

@@ -83,11 +83,6 @@ class RedactsHyperparameters:
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> Any:
         return super().log_hyperparams(self.redact_hyperparameters(params), *args, **kwargs)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # strategy=ddp_spawn pickles the Trainer and its loggers; this class is made at run time, so
-        # a copy is rebuilt from the configured class, which pickles by name.
-        return (_unpickled_logger, (self.logger_class,), self.__getstate__())
-
 
 @functools.cache
 def redacting_class(logger_class: type) -> type:
@@ -98,11 +93,6 @@ def redacting_class(logger_class: type) -> type:
         (RedactsHyperparameters, logger_class),
         {"__module__": __name__, "__qualname__": logger_class.__qualname__, "logger_class": logger_class},
     )
-
-
-def _unpickled_logger(logger_class: type) -> Any:
-    kind = redacting_class(logger_class)
-    return kind.__new__(kind)
 
 
 def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:

@@ -104,13 +104,6 @@ class RunLock:
         self.storage = storage
         self.holder: Holder | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # strategy=ddp_spawn pickles the run into its workers: a copy holds nothing (this process does).
-        return {"storage": self.storage}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["storage"])
-
     def acquire(self) -> None:
         """Take the lock, or raise RunLocked naming its holder."""
         me = Holder.of_this_process()

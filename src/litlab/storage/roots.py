@@ -1,10 +1,10 @@
 """Where a run's checkpoints, config copy and summary persist: ``<storage.root>/<run identity>/``.
 
-Roots are fsspec URLs (a local path, ``s3://``, ``gs://``), one code path for every backend;
+Roots are fsspec URLs (a local path, ``s3://``, ``gs://``, ``az://``), one code path for every backend;
 credentials come from the environment, never the config. ``check_storage`` runs in the preflight,
 before torch loads. Storage that fails during a run raises ``StorageFailed``, one line naming the URL,
-what was written and the cause; S3 requests are retried a bounded number of times
-(``s3_client_config``).
+what was written and the cause; S3, GCS and Azure requests are retried a bounded number of times
+(``s3_client_config``, ``litlab.storage.gcs_bounded``, ``litlab.storage.azure_blob``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import errno
 import functools
+import importlib
 import logging
 import os
 import secrets
@@ -32,7 +33,7 @@ log = logging.getLogger("litlab")
 
 CHECKPOINT_SUFFIX = ".ckpt"
 TEMPORARY_SUFFIX = ".tmp"  # an interrupted atomic write leaves ``.<name>.<random>.tmp`` behind
-OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs")}
+OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs"), "azure": ("az", "abfs", "abfss")}
 # The record of a start in the run's folder, which is the storage folder when storage is local
 # (hydra.run.dir): Hydra's, and a sweep job's command and output. It belongs to the start under way,
 # not to what the run stored. The logs are appended to by every start (and open now).
@@ -40,6 +41,9 @@ START_RECORD = (".hydra", "train.log", "command.sh", "output.log")
 _APPENDED_LOGS = ("train.log", "output.log")
 # Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
 _BACKOFF_CAP_S = 20
+AZURE_FILESYSTEM = "litlab.storage.azure_blob.AzureBlobFileSystemBounded"
+GCS_FILESYSTEM = "litlab.storage.gcs_bounded.GCSFileSystemBounded"
+EXAMPLE_ROOTS = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix", "azure": "az://container/prefix"}
 
 
 class StorageError(ValueError):
@@ -99,6 +103,7 @@ def storage_cause(error: BaseException, url: str) -> str | None:
         return f"{reason} ({os_error.filename or url})"
     names = {cls.__name__ for chained in error_chain(error) for cls in type(chained).__mro__}
     remote_errors = _UNREACHABLE | {"ClientError", "HTTPClientError", "BotoCoreError", "NoCredentialsError"}
+    remote_errors |= {"AzureError", "HttpError"}  # azure-core's; gcsfs's for an HTTP status (5xx, 429)
     if not names & remote_errors and os_error is None:
         return None
     options = fsspec.config.conf.get(protocol, {})
@@ -106,8 +111,9 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     unreachable = [e for e in error_chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
     if unreachable:
         attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
+        attempts = attempts or options.get("max_attempts")  # azure's (litlab.storage.azure_blob)
         tries = f" after {attempts} attempts" if attempts else ""
-        first = unreachable[0]
+        first = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
         return f"{endpoint} did not answer{tries} ({type(first).__name__}: {one_line(first)})"
     return _cause(error, url, endpoint)
 
@@ -136,9 +142,41 @@ def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
         options["session"] = _session_without_expect_continue()
         return options
     if protocol in OBJECT_STORES["gcs"]:
+        # gcsfs's default class asks a gRPC control plane about a bucket before using it, for up to 60 s
+        # that no setting bounds (an emulator, JSON API only, never answers), and gcsfs retries every
+        # request 6 times without a timeout: every gs URL is opened through the class that bounds them.
+        _open_through(OBJECT_STORES["gcs"], GCS_FILESYSTEM, "needs gcsfs")
         options = {"endpoint_url": storage.get("endpoint_url"), "project": storage.get("project")}
-        return {k: v for k, v in options.items() if v}
+        options = {k: v for k, v in options.items() if v}
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            # An emulator, as Google's clients find it, and as they do, no credentials: gcsfs would
+            # otherwise look for this machine's own (and a metadata server) and send them to it.
+            options["token"] = "anon"
+        options["max_attempts"] = int(storage.get("max_attempts", 5))
+        options["timeout_s"] = float(storage.get("timeout_s", 10.0))
+        return options
+    if protocol in OBJECT_STORES["azure"]:
+        # adlfs gives its blob client the SDK's retries (4 tries of 60 s, 15 s + 3**n s apart) and no
+        # timeout on a stalled upload: every azure URL is opened through the class that bounds them.
+        _open_through(OBJECT_STORES["azure"], AZURE_FILESYSTEM, "needs adlfs")
+        options = {"account_name": storage.get("account_name"), "endpoint_url": storage.get("endpoint_url")}
+        options = {k: v for k, v in options.items() if v}
+        options["max_attempts"] = int(storage.get("max_attempts", 5))
+        options["timeout_s"] = float(storage.get("timeout_s", 10.0))
+        return options
     return {}
+
+
+def _open_through(protocols: tuple[str, ...], class_path: str, needs: str) -> None:
+    """fsspec opens the ``protocols``' URLs with the class ``class_path``: registered by name, so its
+    library is imported only where a filesystem is made, or as a class where fsspec already imported
+    the library's own (a notebook that used it before), which a name would not replace."""
+    for name in protocols:
+        if name in fsspec.registry:
+            module, _, cls = class_path.rpartition(".")
+            fsspec.register_implementation(name, getattr(importlib.import_module(module), cls), clobber=True)
+        else:
+            fsspec.register_implementation(name, class_path, clobber=True, errtxt=needs)
 
 
 def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
@@ -170,7 +208,7 @@ def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
         "connect_timeout": timeout,
         "read_timeout": timeout,
         "retries": {"mode": "standard", "total_max_attempts": attempts},
-        "connector_args": {"socket_factory": functools.partial(_socket_timing_out_stalled_sends, timeout)},
+        "connector_args": {"socket_factory": functools.partial(socket_timing_out_stalled_sends, timeout)},
     }
 
 
@@ -180,7 +218,7 @@ def retry_bound_s(timeout: float, attempts: int) -> float:
     return attempts * timeout + backoff
 
 
-def _socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.socket:
+def socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.socket:
     """A socket that aiohttp connects with: the kernel drops the connection when sent bytes stay
     unacknowledged for ``timeout`` (a server that stopped answering mid-upload), which aiohttp's own
     timeouts (connect, read) do not cover."""
@@ -255,7 +293,7 @@ class RunStorage:
         except FileNotFoundError:
             return []
         found = [
-            (e["name"] if self.is_local else self.fs.unstrip_protocol(e["name"]), _modified(e))
+            (e["name"] if self.is_local else self._url_of_path(e["name"]), _modified(e))
             for e in entries
             if e["type"] == "file" and e["name"].endswith(CHECKPOINT_SUFFIX)
         ]
@@ -281,6 +319,10 @@ class RunStorage:
             return False
         return any(self._entry_of(f) not in START_RECORD for f in found)
 
+    def _url_of_path(self, path: str) -> str:
+        # The root's scheme, as the user wrote it: adlfs's unstrip_protocol writes abfs:// for az://.
+        return f"{protocol_of(self.root)}://{path.lstrip('/')}"
+
     def _entry_of(self, path: str) -> str:
         return path[len(self.path) :].lstrip("/").split("/", 1)[0]
 
@@ -296,7 +338,7 @@ class RunStorage:
                 self.fs.cp_file(entry, f"{target}/{name}")
             elif name not in START_RECORD:
                 self.fs.mv(entry, f"{target}/{name}", recursive=True)
-        return target if self.is_local else self.fs.unstrip_protocol(target)
+        return target if self.is_local else self._url_of_path(target)
 
     def download(self, name: str, local_dir: Path) -> int:
         """Copy the files of ``<storage folder>/name/`` into ``local_dir``; returns how many."""
@@ -379,7 +421,8 @@ def read_checkpoint(url: str) -> dict:
 
 # --- the fail-fast check -------------------------------------------------------------------------
 
-# Names of exceptions (from botocore, aiohttp, asyncio, fsspec) that mean the endpoint did not answer.
+# Names of exceptions (from botocore, aiohttp, asyncio, fsspec, azure-core) that mean the endpoint did
+# not answer: azure-core's two wrap a request that could not be sent and one sent without an answer.
 _UNREACHABLE = {
     "EndpointConnectionError",
     "ConnectTimeoutError",
@@ -390,6 +433,8 @@ _UNREACHABLE = {
     "TimeoutError",
     "FSTimeoutError",
     "ConnectionRefusedError",
+    "ServiceRequestError",
+    "ServiceResponseError",
 }
 
 
@@ -404,7 +449,7 @@ def check_storage(storage: Mapping[str, Any], timeout_s: float | None = None) ->
     protocol = protocol_of(root)
     expected = OBJECT_STORES.get(name, ("file",))
     if protocol not in expected:
-        example = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix"}.get(name, "/path/on/the/drive")
+        example = EXAMPLE_ROOTS.get(name, "/path/on/the/drive")
         raise StorageError(f"storage={name} needs storage.root={example}, got storage.root={root}")
     if protocol == "file":
         _check_local(root, create=bool(storage.get("create_root", True)))
@@ -490,10 +535,10 @@ def _fail_fast(filesystem_class: type, protocol: str, options: dict[str, Any], t
     fast: dict[str, Any] = {}
     if protocol in OBJECT_STORES["s3"]:
         fast = {"config_kwargs": s3_client_config(timeout, attempts=1)}
-    elif protocol in OBJECT_STORES["gcs"]:
-        fast = {"requests_timeout": timeout}
+    elif protocol in OBJECT_STORES["gcs"] or protocol in OBJECT_STORES["azure"]:
+        fast = {"max_attempts": 1, "timeout_s": timeout}
     fs = filesystem_class(**{**options, **fast}, skip_instance_cache=True)
-    fs.retries = 1  # s3fs and gcsfs retry failed requests 5-6 times with back-off by default
+    fs.retries = 1  # s3fs retries failed requests 5 times with back-off by default
     return fs
 
 
@@ -502,23 +547,46 @@ def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
         configured = options.get("client_kwargs", {}).get("endpoint_url")
         env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return f"endpoint {configured or env}" if configured or env else "the AWS S3 endpoint"
+    if protocol in OBJECT_STORES["azure"]:  # from the connection string, never the string: it holds the key
+        connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+        parts = dict(part.split("=", 1) for part in connection.split(";") if "=" in part)
+        account = options.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+        account, suffix = parts.get("AccountName", account), parts.get("EndpointSuffix", "core.windows.net")
+        configured = options.get("endpoint_url") or parts.get("BlobEndpoint")
+        configured = configured or (account and f"https://{account}.blob.{suffix}")
+        return f"endpoint {configured}" if configured else "the Azure blob endpoint"
     configured = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
-    return f"endpoint {configured}" if configured else "the storage endpoint"
+    return f"endpoint {configured}" if configured else "the GCS endpoint"
 
 
 def _cause(error: BaseException, root: str, endpoint: str) -> str:
     names = {cls.__name__ for cls in type(error).__mro__}
     message = one_line(error)
-    if "NoCredentialsError" in names or "DefaultCredentialsError" in names:
+    status = getattr(error, "status_code", None)  # azure-core's HttpResponseError: its status and code
+    if "HttpResponseError" in names and status:  # (its message goes on with the XML answer)
+        code = getattr(error, "error_code", None)
+        message = f"{status} {getattr(code, 'value', code) or one_line(str(error).splitlines()[0])}"
+    if "HttpError" in names and getattr(error, "code", None):  # gcsfs's: "<message>, <status>"
+        status = error.code  # type: ignore[attr-defined]
+        message = f"{status} {str(error).rpartition(', ')[0]}".strip()
+    # adlfs without a connection string or account name; Azure's credential chain finding none.
+    chain_found_none = {"CredentialUnavailableError", "ClientAuthenticationError"} & names and not status
+    no_azure_credentials = bool(chain_found_none) or (
+        isinstance(error, ValueError) and "connection_string or account_name" in message
+    )
+    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or no_azure_credentials:
         return (
             "no credentials found: set them in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-            "or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS) or the provider's credential chain"
+            "or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_CONNECTION_STRING or "
+            "AZURE_STORAGE_ACCOUNT_NAME) or the provider's credential chain"
         )
     if names & _UNREACHABLE:
-        return f"{endpoint} is unreachable ({type(error).__name__}: {message})"
+        said = next((e for e in error_chain(error) if str(e)), error)  # fsspec's timeout says nothing
+        return f"{endpoint} is unreachable ({type(said).__name__}: {one_line(said)})"
     if isinstance(error, FileNotFoundError):
         bucket = root.split("://", 1)[1].split("/", 1)[0]
-        return f"bucket '{bucket}' does not exist ({message})"
-    if isinstance(error, PermissionError):
+        kind = "container" if protocol_of(root) in OBJECT_STORES["azure"] else "bucket"
+        return f"{kind} '{bucket}' does not exist ({message})"
+    if isinstance(error, PermissionError) or status in (401, 403):
         return f"access denied, check the credentials in the environment ({message})"
     return f"{type(error).__name__}: {message}"

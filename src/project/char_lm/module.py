@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -74,6 +75,19 @@ class CharLM(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor], batch_idx: int) -> None:
         self.test_loss.update(self._loss(batch), weight=self.batch_tokens(batch))
+
+    def predict_step(self, batch: tuple[Tensor], batch_idx: int) -> dict[str, list[str]]:
+        """Each sequence's first half as a prompt, and its continuation to the sequence's length,
+        generated greedily (the most likely next character each time: the same text on every run)."""
+        sequences = batch[0]
+        prompt_length = sequences.shape[1] // 2
+        tokens = sequences[:, :prompt_length]
+        for _ in range(sequences.shape[1] - prompt_length):
+            logits = self(tokens[:, -self.hparams.block_size :])[:, -1]
+            tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)
+        # Token ids are ASCII codes (data.py's vocabulary).
+        text = [bytes(row).decode("ascii") for row in tokens.tolist()]
+        return {"prompt": [t[:prompt_length] for t in text], "generated": [t[prompt_length:] for t in text]}
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val", self.val_loss)

@@ -83,5 +83,11 @@ class ImageClassifier(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.test_acc, "test")
 
+    def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
+        """Each image's most likely class and the probabilities of all classes (a label in the batch,
+        as in the test split, is not read)."""
+        probabilities = self(batch[0]).float().softmax(dim=1)
+        return {"class": probabilities.argmax(dim=1), "probability": probabilities}
+
     def configure_optimizers(self) -> Any:
         return optimizers(self, self.hparams.optimizer, self.hparams.scheduler)

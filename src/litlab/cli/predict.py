@@ -1,0 +1,115 @@
+"""``litlab-predict ckpt_path=PATH``: a checkpoint's predictions, in files a user opens without litlab.
+
+The module and datamodule are rebuilt from the checkpoint as ``litlab-eval`` rebuilds them
+(``litlab.cli.evaluate.rebuild_from_checkpoint``). ``trainer.predict`` runs on the datamodule's
+``predict_dataloader``, or its test split where it has none. ``PredictionFiles``, a Lightning
+``BasePredictionWriter``, keeps each rank's predictions with their samples' indices; rank 0 gathers
+them and writes ``predictions.csv`` and ``predictions.pt`` into the command's own run directory
+(docs/contract.md, "Predictions").
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from litlab.cli import quiet
+from litlab.cli.evaluate import no_run_dir_after_bad_input, rebuild_from_checkpoint, start, weights_that_fit
+from litlab.config import schema
+from litlab.config.preflight import CONFIG_DIR
+from litlab.errors import LitlabError
+from litlab.logs import global_rank
+
+schema.register()
+log = logging.getLogger("litlab")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="predict")
+def predict(cfg: DictConfig) -> None:
+    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
+    import warnings
+
+    import lightning as L
+    from hydra.core.hydra_config import HydraConfig
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    from litlab.callbacks.progress import progress_bar
+    from litlab.cli.prediction_files import PredictionFiles
+    from litlab.logs import route_lightning_logs_to_root
+    from litlab.run.ending import one_line_errors
+
+    route_lightning_logs_to_root()
+    quiet.drop_known_noise()
+    # PredictionFiles asks loaders that are not DataLoaders for their indices (TensorBatches can say).
+    warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader")
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # Not a checkpoint, another model's, no data to predict: one line, no run directory left.
+    with no_run_dir_after_bad_input(run_dir), one_line_errors():
+        stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
+        split = use_test_split_without_predict_dataloader(data)
+        if not is_overridden("predict_step", module, L.LightningModule) and global_rank() == 0:
+            log.info(
+                "%s has no predict_step: Lightning's default calls forward on each batch",
+                type(module).__name__,
+            )
+        writer = PredictionFiles(run_dir)
+        trainer = L.Trainer(
+            accelerator=cfg.accelerator,
+            devices=cfg.devices,
+            strategy=cfg.strategy,
+            num_nodes=cfg.num_nodes,
+            precision=train_cfg.precision.value,
+            logger=False,
+            callbacks=[progress_bar(), writer],
+            default_root_dir=str(run_dir),
+        )
+        with weights_that_fit(cfg.ckpt_path, stored):
+            trainer.predict(
+                module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, return_predictions=False
+            )
+    if trainer.is_global_zero:
+        log.info(
+            "%d predictions of the %s split: %s", writer.count, split, ", ".join(map(str, writer.written))
+        )
+
+
+def use_test_split_without_predict_dataloader(data: Any) -> str:
+    """The split ``trainer.predict`` reads: "predict", or "test" for a datamodule without
+    ``predict_dataloader`` (its ``test_dataloader`` is made its predict loader, and one line says so).
+    A LitlabError for a datamodule that has neither."""
+    import lightning as L
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if is_overridden("predict_dataloader", data, L.LightningDataModule):
+        return "predict"
+    name = type(data).__name__
+    if not is_overridden("test_dataloader", data, L.LightningDataModule):
+        raise LitlabError(
+            f"{name} has no predict_dataloader and no test_dataloader: litlab-predict has no data to "
+            "predict; define predict_dataloader in your datamodule (docs/contract.md), or pick other "
+            "data with data=NAME"
+        )
+    if global_rank() == 0:  # one line, not one per rank
+        log.info("%s has no predict_dataloader: predicting its test split (test_dataloader)", name)
+
+    def test_split() -> Any:
+        # Lightning set it up for "predict": a datamodule may build its test split for "test" only.
+        data.setup("test")
+        return data.test_dataloader()
+
+    # Lightning asks the datamodule instance for its predict_dataloader (an attribute, as here, counts).
+    data.predict_dataloader = test_split
+    return "test"
+
+
+def main() -> None:
+    """Console script: check the command line's config, then hand over to Hydra."""
+    start("predict", predict)
+
+
+if __name__ == "__main__":
+    main()

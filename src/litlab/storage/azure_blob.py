@@ -1,0 +1,97 @@
+"""adlfs's filesystem with every request bounded (``litlab.storage.roots`` registers it for the azure
+protocols). Credentials stay adlfs's: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME
+(or ``account_name``) with Azure's DefaultAzureCredential chain.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import aiohttp
+from adlfs import AzureBlobFileSystem
+from azure.core.pipeline.transport import AioHttpTransport
+
+from litlab.storage.roots import socket_timing_out_stalled_sends
+
+# The SDK logs every request and answer, headers and all, at INFO: the run's console and train.log
+# would hold a dozen lines per checkpoint. Its warnings and errors still show. The credential chain
+# warns in 15 lines when it finds no credential: litlab's one line says so (roots._cause).
+logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+logging.getLogger("azure.identity").setLevel(logging.ERROR)
+
+
+class AzureBlobFileSystemBounded(AzureBlobFileSystem):
+    """adlfs builds its blob client with the SDK's defaults, whatever it is given: 4 tries of a request
+    that times out (60 s without an answer each), 15 s + 3**n s apart, and a body sent to a server
+    that stopped reading waits forever. This client tries each request ``max_attempts`` times (the
+    SDK's ExponentialRetry: refused connections, timeouts, 408 and 5xx answers; 1 + 2**n s between
+    tries, +-1 s of jitter), each try failing after ``timeout_s`` without progress
+    (``azure_client_config``). ``endpoint_url``: the blob service URL the credentials are used on
+    (null: the connection string's, else the account's)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        max_attempts: int = 5,
+        timeout_s: float = 10.0,
+        endpoint_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._client_config = azure_client_config(timeout_s, max_attempts)
+        self._endpoint_url = endpoint_url
+        super().__init__(*args, **kwargs)
+
+    def do_connect(self) -> None:
+        super().do_connect()  # adlfs's choice of credential: its client is rebuilt with the same one
+        built = self.service_client
+        url = self._endpoint_url or built.url
+        self.service_client = type(built)(url, credential=built.credential, **self._client_config)
+
+    async def _ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> Any:
+        # fsspec's word for a listing read afresh is refresh (litlab's listings of checkpoints and of
+        # sibling folders say it); adlfs's is invalidate_cache, and it ignores refresh.
+        if refresh:
+            kwargs["invalidate_cache"] = True
+        return await super()._ls(path, detail=detail, **kwargs)
+
+
+def azure_client_config(timeout: float, attempts: int) -> dict[str, Any]:
+    """azure-storage-blob client settings: ``attempts`` tries of every request (each of the SDK's
+    counters, connect, read and status, allows them all), each failing after ``timeout`` s to connect,
+    between bytes received, or while sent bytes stay unacknowledged (the transport's sockets)."""
+    retries = attempts - 1
+    return {
+        "retry_total": retries,
+        "retry_connect": retries,
+        "retry_read": retries,
+        "retry_status": retries,
+        "initial_backoff": 1,
+        "increment_base": 2,
+        "random_jitter_range": 1,
+        "transport": _TransportTimingOutStalledSends(
+            timeout, connection_timeout=timeout, read_timeout=timeout
+        ),
+    }
+
+
+class _TransportTimingOutStalledSends(AioHttpTransport):
+    """azure-core's aiohttp transport, its connections made with sockets that time out unacknowledged
+    sends: its read timeout does not cover an upload to a server that stopped reading (measured: a
+    30 MB upload to a SIGSTOPped Azurite waited for minutes)."""
+
+    def __init__(self, timeout: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._timeout = timeout
+
+    async def open(self) -> None:
+        if self.session is None and self._session_owner:  # made here: aiohttp needs the running loop
+            factory = functools.partial(socket_timing_out_stalled_sends, self._timeout)
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(socket_factory=factory),
+                trust_env=self._use_env_settings,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+            )
+        await super().open()
