@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
-from litlab.storage.roots import StorageFailed, storage_options, writing
+from litlab.storage.roots import StorageFailed, open_through_bounded_filesystems, storage_options, writing
 
 gcsfs = pytest.importorskip("gcsfs")
 
@@ -51,6 +51,7 @@ def test_a_gcs_request_is_tried_max_attempts_times_and_an_emulator_gets_no_crede
     config = {"name": "gcs", "root": "gs://bucket/runs", "max_attempts": 2, "timeout_s": 1.0}
     options = storage_options(config)
     assert options == {"token": "anon", "max_attempts": 2, "timeout_s": 1.0}
+    open_through_bounded_filesystems()  # as a run does again (use_storage_options), after the notebook's
     fs = fsspec.filesystem("gs", **options, skip_instance_cache=True)
     assert type(fs).__name__ == "GCSFileSystemBounded", type(fs)
     with pytest.raises(Exception, match="503"):

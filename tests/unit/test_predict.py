@@ -16,7 +16,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from litlab.callbacks.prediction_files import PredictionFiles
 from litlab.cli import predict
+from litlab.errors import LitlabError
 from project.char_lm.data import CharCorpus, decode
 from project.char_lm.module import CharLM
 from project.splits import seeded_splits
@@ -204,3 +206,12 @@ def test_a_datamodule_with_nothing_to_predict_ends_in_one_line(digits_checkpoint
         "data with data=NAME"
     )
     assert not run_dir.exists()  # bad input leaves nothing behind
+
+
+def test_predictions_of_different_shapes_across_batches_end_in_one_line(tmp_path):
+    # Generated sequences of different lengths: torch.cat would raise a traceback, not one line.
+    writer = PredictionFiles(tmp_path, "test")
+    parts = [([0, 1], [0, 0], {"generated": [torch.zeros(1, 3), torch.zeros(1, 4)]})]
+    with pytest.raises(LitlabError, match="predict_step returned generated of different shapes"):
+        writer.write(parts)
+    assert not list(tmp_path.iterdir())

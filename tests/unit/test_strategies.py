@@ -91,6 +91,18 @@ def test_every_combination_builds_or_is_refused_naming_the_options_and_what_to_u
         assert "needs GPUs" in line and "strategy=ddp" in line, line
 
 
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_ranks_started_by_spawn_are_refused_in_one_line(start_method):
+    # Their progress never reaches the process that writes summary.json: it would say "completed"
+    # with none of their steps (ddp_spawn, removed, was refused for it).
+    cfg = compose("ddp", "fp32", "cpu")
+    cfg.strategy.start_method = start_method
+    with pytest.raises(
+        LitlabError, match=f"strategy.start_method={start_method} is not supported: .*strategy=ddp"
+    ):
+        check_combination(cfg.trainer, cfg.strategy)
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_precision_trains_on_this_cpu_or_ends_in_one_line_naming_it(tmp_path, precision):
     run_dir = tmp_path / "run"

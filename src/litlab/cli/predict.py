@@ -37,8 +37,8 @@ def predict(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
+    from litlab.callbacks.prediction_files import PredictionFiles
     from litlab.callbacks.progress import progress_bar
-    from litlab.cli.prediction_files import PredictionFiles
     from litlab.logs import route_lightning_logs_to_root
     from litlab.run.ending import one_line_errors
 
@@ -56,7 +56,7 @@ def predict(cfg: DictConfig) -> None:
                 "%s has no predict_step: Lightning's default calls forward on each batch",
                 type(module).__name__,
             )
-        writer = PredictionFiles(run_dir)
+        writer = PredictionFiles(run_dir, split)
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
             devices=cfg.devices,
@@ -71,10 +71,6 @@ def predict(cfg: DictConfig) -> None:
             trainer.predict(
                 module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, return_predictions=False
             )
-    if trainer.is_global_zero:
-        log.info(
-            "%d predictions of the %s split: %s", writer.count, split, ", ".join(map(str, writer.written))
-        )
 
 
 def use_test_split_without_predict_dataloader(data: Any) -> str:

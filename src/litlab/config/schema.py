@@ -34,27 +34,23 @@ class ObjectStorageConfig(StorageConfig):
     # No key or secret fields: credentials come only from the environment / the provider's chain.
     endpoint_url: str | None = MISSING
     check_timeout_s: float = MISSING
+    max_attempts: int = MISSING  # tries of every request during the run (litlab.storage.roots)
+    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass
 class S3StorageConfig(ObjectStorageConfig):
     region: str | None = MISSING
-    max_attempts: int = MISSING  # tries of every request during the run (botocore's standard retries)
-    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass
 class GCSStorageConfig(ObjectStorageConfig):
     project: str | None = MISSING
-    max_attempts: int = MISSING  # tries of every request during the run (gcsfs's retries)
-    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass
 class AzureStorageConfig(ObjectStorageConfig):
     account_name: str | None = MISSING  # the storage account (not a secret); null: from the environment
-    max_attempts: int = MISSING  # tries of every request during the run (the SDK's ExponentialRetry)
-    timeout_s: float = MISSING  # per try: to connect, between bytes, unacknowledged sends
 
 
 @dataclass

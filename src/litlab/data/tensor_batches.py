@@ -67,6 +67,7 @@ class TensorBatches:
         self.epoch = 0
         self._consumed = 0  # batches of this epoch handed out so far
         self._skip = 0  # batches to skip at the next iter() (after a resume)
+        self._order: Tensor | None = None  # this epoch's sample order on this rank, made by iter()
         self.sampler = self  # Lightning calls dataloader.sampler.set_epoch(epoch) before each epoch
         self.batch_sampler = None  # read by Lightning's DataLoader checks
 
@@ -98,7 +99,7 @@ class TensorBatches:
         return math.ceil(per_rank / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
-        order = self._shard()
+        order = self._order = self._shard()
         start, self._skip = self._skip, 0
         self._consumed = start
         for i in range(start, len(self)):
@@ -114,7 +115,8 @@ class TensorBatches:
     def batch_indices(self, batch_idx: int) -> list[int]:
         """The indices into the tensors of this rank's batch ``batch_idx`` of the current epoch:
         litlab-predict writes them beside each prediction (Lightning tracks them for DataLoaders only)."""
-        return self._shard()[batch_idx * self.batch_size : (batch_idx + 1) * self.batch_size].tolist()
+        order = self._shard() if self._order is None else self._order
+        return order[batch_idx * self.batch_size : (batch_idx + 1) * self.batch_size].tolist()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self._consumed}

@@ -56,6 +56,13 @@ def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
             f"trainer.accelerator={accelerator} needs {_NEEDS[device]}, which this machine does not have: "
             "use trainer.accelerator=cpu (or auto)"
         )
+    start_method = strategy.get("start_method")
+    if start_method in ("spawn", "forkserver"):  # the ranks' progress never reaches summary.json
+        raise LitlabError(
+            f"strategy.start_method={start_method} is not supported: the process that writes summary.json "
+            "would see none of its ranks' steps; use strategy=ddp (start_method popen) or, in a notebook, "
+            "strategy=ddp_notebook (fork)"
+        )
     if strategy.name == "fsdp" and device != "cuda":
         raise LitlabError(
             f"strategy=fsdp needs GPUs (trainer.accelerator=gpu), and trainer.accelerator={accelerator} runs "

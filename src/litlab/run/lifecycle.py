@@ -287,7 +287,8 @@ class ForkedRankZero(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and os.getpid() != self.run.pid:  # in the fork
             self.run.extra["device_memory_mib"] = _device_memory_mib(trainer)
-            write_summary(self.cfg, trainer, self.run, status=COMPLETED)
+            pruned = self.run.extra.get("pruned_epoch") is not None  # an Optuna trial its pruner stopped
+            write_summary(self.cfg, trainer, self.run, status=PRUNED if pruned else COMPLETED)
 
 
 def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> Summary:
@@ -377,6 +378,7 @@ def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
         checkpoints={**seen.checkpoints, **{k: v for k, v in summary.checkpoints.items() if v is not None}},
         wall_time_s=summary.wall_time_s,
         finished_at=summary.finished_at,
+        oom=summary.oom,
     )
 
 

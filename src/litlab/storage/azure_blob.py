@@ -26,8 +26,8 @@ class AzureBlobFileSystemBounded(AzureBlobFileSystem):
     """adlfs builds its blob client with the SDK's defaults, whatever it is given: 4 tries of a request
     that times out (60 s without an answer each), 15 s + 3**n s apart, and a body sent to a server
     that stopped reading waits forever. This client tries each request ``max_attempts`` times (the
-    SDK's ExponentialRetry: refused connections, timeouts, 408 and 5xx answers; 1 + 2**n s between
-    tries, +-1 s of jitter), each try failing after ``timeout_s`` without progress
+    SDK's ExponentialRetry: refused connections, timeouts, 408 and 5xx answers; 1 + 2**n s before
+    retry n, n = 1..4, +-1 s of jitter), each try failing after ``timeout_s`` without progress
     (``azure_client_config``). ``endpoint_url``: the blob service URL the credentials are used on
     (null: the connection string's, else the account's)."""
 
@@ -86,7 +86,9 @@ class _TransportTimingOutStalledSends(AioHttpTransport):
         self._timeout = timeout
 
     async def open(self) -> None:
-        if self.session is None and self._session_owner:  # made here: aiohttp needs the running loop
+        # Made here (aiohttp needs the running loop), on the first open only: a closed transport stays
+        # closed, as azure-core's own open() says.
+        if self.session is None and self._session_owner and not self._has_been_opened:
             factory = functools.partial(socket_timing_out_stalled_sends, self._timeout)
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(socket_factory=factory),

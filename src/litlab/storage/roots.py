@@ -27,7 +27,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from litlab.errors import EXIT_FAILED, LitlabError, error_chain, one_line
+from litlab.errors import EXIT_FAILED, LitlabError, error_chain, first_line, one_line
 
 log = logging.getLogger("litlab")
 
@@ -41,8 +41,6 @@ START_RECORD = (".hydra", "train.log", "command.sh", "output.log")
 _APPENDED_LOGS = ("train.log", "output.log")
 # Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
 _BACKOFF_CAP_S = 20
-AZURE_FILESYSTEM = "litlab.storage.azure_blob.AzureBlobFileSystemBounded"
-GCS_FILESYSTEM = "litlab.storage.gcs_bounded.GCSFileSystemBounded"
 EXAMPLE_ROOTS = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix", "azure": "az://container/prefix"}
 
 
@@ -111,7 +109,7 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     unreachable = [e for e in error_chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
     if unreachable:
         attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
-        attempts = attempts or options.get("max_attempts")  # azure's (litlab.storage.azure_blob)
+        attempts = attempts or options.get("max_attempts")  # GCS and Azure classes take it as it is
         tries = f" after {attempts} attempts" if attempts else ""
         first = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
         return f"{endpoint} did not answer{tries} ({type(first).__name__}: {one_line(first)})"
@@ -133,50 +131,60 @@ def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
     """fsspec keyword arguments for the storage config's filesystem: endpoint and region (never keys),
     and for S3 the bounded retries and timeouts of every request (``s3_client_config``)."""
     protocol = protocol_of(str(storage["root"]))
+    attempts, timeout = int(storage.get("max_attempts", 5)), float(storage.get("timeout_s", 10.0))
     if protocol in OBJECT_STORES["s3"]:
         client = {"endpoint_url": storage.get("endpoint_url"), "region_name": storage.get("region")}
         client = {k: v for k, v in client.items() if v}
         options: dict[str, Any] = {"client_kwargs": client} if client else {}
-        attempts, timeout = int(storage.get("max_attempts", 5)), float(storage.get("timeout_s", 10.0))
         options["config_kwargs"] = s3_client_config(timeout, attempts)
         options["session"] = _session_without_expect_continue()
         return options
     if protocol in OBJECT_STORES["gcs"]:
-        # gcsfs's default class asks a gRPC control plane about a bucket before using it, for up to 60 s
-        # that no setting bounds (an emulator, JSON API only, never answers), and gcsfs retries every
-        # request 6 times without a timeout: every gs URL is opened through the class that bounds them.
-        _open_through(OBJECT_STORES["gcs"], GCS_FILESYSTEM, "needs gcsfs")
         options = {"endpoint_url": storage.get("endpoint_url"), "project": storage.get("project")}
         options = {k: v for k, v in options.items() if v}
         if os.environ.get("STORAGE_EMULATOR_HOST"):
             # An emulator, as Google's clients find it, and as they do, no credentials: gcsfs would
             # otherwise look for this machine's own (and a metadata server) and send them to it.
             options["token"] = "anon"
-        options["max_attempts"] = int(storage.get("max_attempts", 5))
-        options["timeout_s"] = float(storage.get("timeout_s", 10.0))
-        return options
+        return {**options, "max_attempts": attempts, "timeout_s": timeout}
     if protocol in OBJECT_STORES["azure"]:
-        # adlfs gives its blob client the SDK's retries (4 tries of 60 s, 15 s + 3**n s apart) and no
-        # timeout on a stalled upload: every azure URL is opened through the class that bounds them.
-        _open_through(OBJECT_STORES["azure"], AZURE_FILESYSTEM, "needs adlfs")
         options = {"account_name": storage.get("account_name"), "endpoint_url": storage.get("endpoint_url")}
         options = {k: v for k, v in options.items() if v}
-        options["max_attempts"] = int(storage.get("max_attempts", 5))
-        options["timeout_s"] = float(storage.get("timeout_s", 10.0))
-        return options
+        return {**options, "max_attempts": attempts, "timeout_s": timeout}
     return {}
 
 
-def _open_through(protocols: tuple[str, ...], class_path: str, needs: str) -> None:
-    """fsspec opens the ``protocols``' URLs with the class ``class_path``: registered by name, so its
-    library is imported only where a filesystem is made, or as a class where fsspec already imported
-    the library's own (a notebook that used it before), which a name would not replace."""
-    for name in protocols:
-        if name in fsspec.registry:
-            module, _, cls = class_path.rpartition(".")
-            fsspec.register_implementation(name, getattr(importlib.import_module(module), cls), clobber=True)
-        else:
-            fsspec.register_implementation(name, class_path, clobber=True, errtxt=needs)
+# The classes that bound every request of their protocol, whatever URL it is for (the storage root, a
+# checkpoint litlab-eval or litlab-predict reads, resume=URL): s3fs retries 5 times on top of
+# botocore's attempts (25 tries of a dead endpoint); gcsfs's default class asks a gRPC control plane
+# about a bucket for up to 60 s that no setting bounds (an emulator, JSON API only, never answers) and
+# retries every request 6 times without a timeout; adlfs gives its blob client the SDK's 4 tries of
+# 60 s, 15 s + 3**n s apart, and no timeout on a stalled upload.
+BOUNDED_FILESYSTEMS = {
+    "s3": "litlab.storage.s3_retrying_once.S3FileSystemRetryingOnce",
+    "gcs": "litlab.storage.gcs_bounded.GCSFileSystemBounded",
+    "azure": "litlab.storage.azure_blob.AzureBlobFileSystemBounded",
+}
+_EXTRAS = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}
+
+
+def open_through_bounded_filesystems() -> None:
+    """fsspec opens every object store's URLs with its class in ``BOUNDED_FILESYSTEMS``: registered by
+    name, so its library is imported only where a filesystem is made, or as a class where fsspec
+    already imported the library's own (a notebook that used it before), which a name would not
+    replace. The libraries' own classes are left as they are."""
+    for store, class_path in BOUNDED_FILESYSTEMS.items():
+        needs = f"{store} storage needs {_EXTRAS[store]}: pip install 'litlab[{store}]'"
+        for name in OBJECT_STORES[store]:
+            if name in fsspec.registry:
+                module, _, cls = class_path.rpartition(".")
+                bounded = getattr(importlib.import_module(module), cls)
+                fsspec.register_implementation(name, bounded, clobber=True)
+            else:
+                fsspec.register_implementation(name, class_path, clobber=True, errtxt=needs)
+
+
+open_through_bounded_filesystems()
 
 
 def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
@@ -188,15 +196,7 @@ def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
     protocol = protocol_of(root)
     if options:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
-    if protocol in OBJECT_STORES["s3"]:
-        # s3fs retries 5 times on top of botocore's attempts (25 tries of a dead endpoint); botocore's
-        # standard mode, which knows which errors are transient, is the one retry layer. fsspec's
-        # registry hands out a subclass that tries once; s3fs's own class is left as it is.
-        fsspec.get_filesystem_class(protocol)  # s3fs missing: fsspec's ImportError, as without this
-        from litlab.storage.s3_retrying_once import S3FileSystemRetryingOnce
-
-        for name in OBJECT_STORES["s3"]:
-            fsspec.register_implementation(name, S3FileSystemRetryingOnce, clobber=True)
+    open_through_bounded_filesystems()  # again: a library imported since may have taken the protocol
 
 
 def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
@@ -460,7 +460,7 @@ def check_storage(storage: Mapping[str, Any], timeout_s: float | None = None) ->
 
 def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
     """``resume=PATH`` names an existing file (on the storage root's backend when it is a URL)."""
-    protocol = protocol_of(url)
+    protocol, options = protocol_of(url), {}
     try:
         if protocol == "file":
             found = Path(url.removeprefix("file://")).expanduser().is_file()
@@ -469,7 +469,8 @@ def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
             timeout = float(storage.get("check_timeout_s", 2.0))
             found = _fail_fast(fsspec.get_filesystem_class(protocol), protocol, options, timeout).isfile(url)
     except Exception as error:
-        raise StorageError(f"resume={url} cannot be checked: {type(error).__name__}: {error}") from None
+        cause = _cause(error, url, _endpoint(protocol, options)) if protocol != "file" else one_line(error)
+        raise StorageError(f"resume={url} cannot be checked: {cause}") from None
     if not found:
         raise StorageError(
             f"resume={url}: no checkpoint there; use resume=auto, resume=never or a .ckpt path"
@@ -537,9 +538,7 @@ def _fail_fast(filesystem_class: type, protocol: str, options: dict[str, Any], t
         fast = {"config_kwargs": s3_client_config(timeout, attempts=1)}
     elif protocol in OBJECT_STORES["gcs"] or protocol in OBJECT_STORES["azure"]:
         fast = {"max_attempts": 1, "timeout_s": timeout}
-    fs = filesystem_class(**{**options, **fast}, skip_instance_cache=True)
-    fs.retries = 1  # s3fs retries failed requests 5 times with back-off by default
-    return fs
+    return filesystem_class(**{**options, **fast}, skip_instance_cache=True)
 
 
 def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
@@ -565,7 +564,7 @@ def _cause(error: BaseException, root: str, endpoint: str) -> str:
     status = getattr(error, "status_code", None)  # azure-core's HttpResponseError: its status and code
     if "HttpResponseError" in names and status:  # (its message goes on with the XML answer)
         code = getattr(error, "error_code", None)
-        message = f"{status} {getattr(code, 'value', code) or one_line(str(error).splitlines()[0])}"
+        message = f"{status} {getattr(code, 'value', code) or first_line(error)}"
     if "HttpError" in names and getattr(error, "code", None):  # gcsfs's: "<message>, <status>"
         status = error.code  # type: ignore[attr-defined]
         message = f"{status} {str(error).rpartition(', ')[0]}".strip()

@@ -100,11 +100,9 @@ def batch_augmentations(entries: Sequence[Any]) -> list[Any]:
 
     kornia's augmentations draw the parameters of each sample of a batch (``same_on_batch=False``,
     from the CPU generator ``TensorBatches`` seeds per batch) in one batched call. torchvision's v2
-    transforms, given a batch, draw one rotation, crop or flip for all its samples; applied to each
-    sample in turn, they cost more than the step itself. The digits CNN's step with a RandomAffine
-    (bare Lightning, 1 thread of a 2-core CPU, 5 alternating rounds): 4.8 ms without, 6.1 ms with
-    kornia's, 12.5 ms with torchvision's on each of the 64 samples in turn (``make bench`` measures
-    kornia's against none). So they are refused here, with the kornia class to use instead.
+    transforms, given a batch, draw one rotation, crop or flip for all its samples, and applied to
+    each sample in turn they cost more than the step itself (docs/performance.md, "Augmentation"):
+    so they are refused here, with the kornia class to use instead.
     (``data=image_folder`` augments the images it reads from files one at a time, in its loader's
     workers: there torchvision's transforms are the ones to use.)
     """

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from litlab.errors import LitlabError
+from litlab.errors import LitlabError, first_line
 
 log = logging.getLogger("litlab")
 ALLOWED = "return a tensor, or a dict of tensors and lists with one entry per sample (docs/contract.md)"
@@ -28,14 +28,13 @@ ALLOWED = "return a tensor, or a dict of tensors and lists with one entry per sa
 class PredictionFiles(BasePredictionWriter):
     """Writes the predictions of every rank, as the module docstring says (rank 0 writes)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, split: str) -> None:
         super().__init__(write_interval="batch")
-        self.folder = folder
+        self.folder, self.split = folder, split
         self.index: list[int] = []
         self.loader: list[int] = []  # the dataloader_idx of each sample
         self.seen: dict[int, int] = {}  # samples of each dataloader so far
         self.values: dict[str, list] = {}  # name: the batches' tensors (on the CPU) or lists
-        self.count, self.written = 0, []
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
@@ -80,20 +79,28 @@ class PredictionFiles(BasePredictionWriter):
         repeated = len(index) - len(set(zip(loader, index, strict=True)))
         if repeated:  # e.g. a DistributedSampler of your own, which pads every rank's share
             log.warning("%d samples were predicted more than once: each has a row per prediction", repeated)
-        names = next((part[2] for part in parts if part[2]), {})  # a rank may have had no batch
+        if len({frozenset(part[2]) for part in parts if part[2]}) > 1:  # a rank may have had no batch
+            raise LitlabError(f"the ranks' predict_step returned different names: {ALLOWED}")
+        names = next((part[2] for part in parts if part[2]), {})
         for name in names:
-            pieces = [piece for part in parts for piece in part[2].get(name, [])]
-            if isinstance(pieces[0], torch.Tensor):
-                columns[name] = torch.cat(pieces)[rows]
-            else:
-                values = [value for piece in pieces for value in piece]
-                columns[name] = [values[k] for k in order]
-        self.count = len(index)
-        self.written = [_write_csv(self.folder / "predictions.csv", columns)]
+            pieces = [piece for part in parts for piece in part[2][name]]
+            try:
+                if isinstance(pieces[0], torch.Tensor):
+                    columns[name] = torch.cat(pieces)[rows]
+                else:
+                    values = [value for piece in pieces for value in piece]
+                    columns[name] = [values[k] for k in order]
+            except (RuntimeError, TypeError) as error:  # e.g. generated sequences of different lengths
+                raise LitlabError(
+                    f"predict_step returned {name} of different shapes or types across batches "
+                    f"({type(error).__name__}: {first_line(error)}): {ALLOWED}"
+                ) from error
+        written = [_write_csv(self.folder / "predictions.csv", columns)]
         tensors = {name: value for name, value in columns.items() if isinstance(value, torch.Tensor)}
         if tensors.keys() - {"index", "dataloader"}:
             torch.save(tensors, self.folder / "predictions.pt")
-            self.written.append(self.folder / "predictions.pt")
+            written.append(self.folder / "predictions.pt")
+        log.info("%d predictions of the %s split: %s", len(index), self.split, ", ".join(map(str, written)))
 
 
 def _columns(prediction: Any, owner: str) -> dict[str, Any]:
