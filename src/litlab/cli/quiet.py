@@ -1,12 +1,10 @@
 """Known noise of the libraries a run uses, dropped exactly (``drop_known_noise``): each filter names one
 message, so every other warning and log line still shows.
 
-``KNOWN_WARNINGS``: torch's deprecation of ``LeafSpec`` (Lightning's pytree helper), SQLAlchemy's of
-``noload`` (MLflow's store); Lightning's advice to pass a checkpoint's callbacks (eval and predict
-load a training checkpoint without them, by design; a resumed run has its callbacks, they are part of
-its identity) and its note that a checkpoint folder is not empty (a run's own folder, on resume).
-``KNOWN_LOG_LINES``: Lightning's advertising tips, and gcsfs's note, at import, that its
-experimental features are on (Lightning imports gcsfs to ask whether a folder is an object store).
+``KNOWN_WARNINGS``: torch's LeafSpec and SQLAlchemy's noload deprecations; Lightning's advice to pass a
+checkpoint's callbacks (eval and predict leave them out by design; a resumed run has them, they are in
+its identity) and its note that a run's own checkpoint folder is not empty (on resume).
+``KNOWN_LOG_LINES``: Lightning's tips; gcsfs's experimental-features line (Lightning imports gcsfs).
 """
 
 from __future__ import annotations
