@@ -57,6 +57,15 @@ def test_azure_check_before_training_names_the_cause_and_never_the_key(azure_ser
     lines.append(refused({"name": "azure", "root": f"az://{container}/runs"}))
     assert "access denied, check the credentials in the environment (403 AuthorizationFailure)" in lines[-1]
 
+    malformed = "bm90IGJhc2U2NCE"  # one character short of base64: the SDK cannot sign with it
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", wrong_key.replace("d3Jvbmcga2V5", malformed))
+    lines.append(refused({"name": "azure", "root": f"az://{container}/runs"}))
+    assert (
+        "the AccountKey in AZURE_STORAGE_CONNECTION_STRING is not a valid account key, which is base64 ("
+        in (lines[-1])
+    )
+    assert malformed not in lines[-1]
+
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
     lines.append(refused({"name": "azure", "root": f"az://{container}/runs"}))

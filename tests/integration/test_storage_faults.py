@@ -41,6 +41,7 @@ def one_line_failure(result: subprocess.CompletedProcess, *words: str) -> str:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("litlab: error: storage "), last
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    assert "][ERROR] storage " in result.stdout.strip().splitlines()[-1]  # the last line there too
     for word in words:
         assert word in last, last
     return last

@@ -27,7 +27,7 @@ def test_ddp_with_two_ranks_writes_one_run_directory_and_trains_compiled(log_dir
         *TINY[:-1],
         "logger=tensorboard",
     ]
-    ok(litlab("litlab-train", *args))
+    output = ok(litlab("litlab-train", *args)).stdout
     runs = run_dirs(log_dir)
     assert len(runs) == 1, runs
     (run,) = runs
@@ -48,6 +48,9 @@ def test_ddp_with_two_ranks_writes_one_run_directory_and_trains_compiled(log_dir
     assert len(result["memory"]["peak_rss_mib_per_rank"]) == 2
     train_log = (run / "train.log").read_text()
     assert "[rank 0]" in train_log and "[rank 1]" in train_log
+    for text in (output, train_log):  # the run's result line, once, by rank 0
+        (result_line,) = [line for line in text.splitlines() if line.endswith(f"; run: {run}")]
+        assert "[rank 0][litlab][INFO] val/acc = " in result_line, result_line
 
 
 def epoch_metrics(run: Path) -> dict[str, float]:

@@ -11,9 +11,11 @@ import torch
 
 from litlab.cli import preflight
 from litlab.data import TensorBatches
+from litlab.errors import LitlabError
 from project.vision.cifar10 import FOLDER, CIFAR10DataModule, crop_and_flip
 from tests.cifar_files import write_cifar10
 from tests.conftest import TINY, run_dirs, train_in_process
+from tests.s3_server import free_port
 
 
 def test_cifar10_is_read_from_its_own_format_and_split_without_a_download(tmp_path):
@@ -45,6 +47,23 @@ def test_without_its_files_and_with_download_false_it_fails_before_any_run(tmp_p
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"litlab: error: data=cifar10: data.root={tmp_path} holds no CIFAR-10")
     assert run_dirs(tmp_path / "logs") == []  # no run folder
+
+
+def test_a_download_that_fails_ends_in_one_line_saying_where_to_put_the_files(tmp_path, monkeypatch):
+    # Offline, as on a machine without internet: nothing answers at the archive's address.
+    url = f"http://127.0.0.1:{free_port()}/cifar-10-python.tar.gz"
+    monkeypatch.setattr("torchvision.datasets.CIFAR10.url", url)
+    root = tmp_path / "data"
+    with pytest.raises(LitlabError) as error:
+        train_in_process(tmp_path, "data=cifar10", f"data.root={root}", *TINY)
+    line = str(error.value)
+    assert line.startswith(
+        f"litlab: error: data=cifar10: CIFAR-10 could not be downloaded into data.root={root} ("
+    )
+    assert line.endswith(
+        f"put {FOLDER}/ (unpacked from {url}) there, or point data.root (or LITLAB_DATA_DIR, its "
+        "default) at a folder that holds it"
+    )
 
 
 def test_crop_and_flip_draws_for_each_image_and_repeats_with_the_seed():

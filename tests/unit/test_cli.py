@@ -88,17 +88,29 @@ def test_a_pasted_path_hydra_cannot_read_gets_one_line_on_how_to_quote_it(capsys
     check_pasted_paths(["-m", "ckpt_path=/runs/a.ckpt,/runs/b.ckpt"])  # a sweep over checkpoints is one
 
 
-def test_known_noise_is_dropped_exactly_and_other_warnings_still_show():
+def test_known_noise_is_dropped_exactly_and_other_warnings_still_show(tmp_path):
+    import importlib
+
+    import gcsfs
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.trainer.call import _call_callbacks_on_load_checkpoint
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (tmp_path / "last.ckpt").write_bytes(b"")  # a run's own checkpoint folder, as a resumed run finds it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet.drop_known_noise()
         quiet.drop_known_noise()  # idempotent
-        # torch's deprecation as Lightning's pytree helper triggers it, and one just like it elsewhere.
+        # Each from its source, and one just like the first elsewhere: torch's deprecation as
+        # Lightning's pytree helper triggers it; Lightning's on a resumed run's folder, and on eval's
+        # and predict's checkpoint, which they load without the training callbacks.
         from lightning.pytorch.utilities._pytree import _tree_flatten
 
         _tree_flatten(1)
+        ModelCheckpoint(dirpath=tmp_path).setup(trainer, L.LightningModule(), "fit")
+        stored = {"callbacks": {"EpochCheckpoint{}": {}}, "pytorch-lightning_version": L.__version__}
+        _call_callbacks_on_load_checkpoint(trainer, stored)
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
         warnings.warn("a user's own warning", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == [
@@ -108,16 +120,23 @@ def test_known_noise_is_dropped_exactly_and_other_warnings_still_show():
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # where Lightning logs them
-    tips.addHandler(handler)
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch.utilities.rank_zero", "gcsfs")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     try:
         rank_zero_info(
             "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
         )
         rank_zero_info("GPU available: False, used: False")
+        importlib.reload(gcsfs)  # its import logs that its experimental features are on
+        logging.getLogger("gcsfs").info("another gcsfs line")
     finally:
-        tips.removeHandler(handler)
-    assert [r.getMessage() for r in records] == ["GPU available: False, used: False"]
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert [r.getMessage() for r in records] == ["GPU available: False, used: False", "another gcsfs line"]
 
 
 class TinyNet(L.LightningModule):

@@ -123,3 +123,19 @@ def test_an_array_task_names_itself_one_way_in_its_lock_and_its_requeue(storage,
         assert requeued == [["scontrol", "requeue", "1040_3"]]
     finally:
         lock.release()
+
+
+def test_a_heartbeat_that_fails_once_the_run_has_ended_says_nothing(storage, monkeypatch, caplog):
+    # The watchdog's beat waits on a store that stopped answering; the run ends meanwhile with its one
+    # line (the lock released), then the beat fails: that line must stay the last.
+    lock = RunLock(storage)
+    lock.acquire()
+
+    def read_failing_after_the_run_ended(path: str) -> bytes:
+        if lock.holder is not None:
+            lock.release()
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    monkeypatch.setattr(storage.fs, "cat_file", read_failing_after_the_run_ended)
+    lock._beat()
+    assert "lock heartbeat" not in caplog.text

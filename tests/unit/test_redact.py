@@ -91,6 +91,7 @@ def test_the_written_config_resolves_again_in_an_environment_that_has_the_values
         ("http://alice:pw@127.0.0.1:5000", "http://***@127.0.0.1:5000"),
         ("https://token@host.example/path?q=1", "https://***@host.example/path?q=1"),
         ("postgresql+psycopg://u:p%40ss@db:5432/optuna", "postgresql+psycopg://***@db:5432/optuna"),
+        ("postgresql://me@db/optuna", "postgresql://me@db/optuna"),  # a database's user alone: no secret
         ("see http://a:b@h1/x and s3://k:s@bucket/y", "see http://***@h1/x and s3://***@bucket/y"),
         ("s3://bucket/key@v1", "s3://bucket/key@v1"),  # an "@" in the path is not user-info
         ("http://host:80/p?mail=a@b.c", "http://host:80/p?mail=a@b.c"),
@@ -393,3 +394,6 @@ def test_a_credential_typed_on_the_command_line_reaches_the_run_through_the_envi
     again = compose_train(["+data.api_key=pw-4"], tmp_path)
     assert move_typed_secrets(again) == {"pw-4": "LITLAB_SECRET_DATA_API_KEY_2"}
     assert again.data.api_key == "pw-4" and cfg.data.api_key == "pw-3"
+    # A database URL's user name alone (its password from PGPASSWORD, ~/.pgpass) moves nowhere, no warning.
+    user_only = compose_train([r"+data.db=postgresql\://me@db\:5432/optuna"], tmp_path)
+    assert move_typed_secrets(user_only) == {} and user_only.data.db == "postgresql://me@db:5432/optuna"

@@ -31,6 +31,9 @@ REDACTED = "***"
 # A URL's user-info: what lies between "scheme://" (or Hydra's escaped "scheme\://") and "@" before the host.
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://)(?P<userinfo>[^\s/@?#]+)@")
 # An override (``+key@package=value``), or the first of Hydra's comma-joined ones (override_dirname).
+# A database URL (SQLAlchemy's dialect[+driver]) names its user there, the password set elsewhere
+# (PGPASSWORD, ~/.pgpass): a user name alone is no credential; elsewhere it can be a token.
+_DATABASE_SCHEME = re.compile(r"(?:postgres(?:ql)?|mysql|mariadb|mssql|oracle|cockroachdb)(?:\+\w+)?\\?://")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<key>[A-Za-z_][\w.@/-]*)=")
 _UNESCAPED_COMMA = re.compile(r"(?<!\\),")
 _HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t])")
@@ -115,7 +118,9 @@ def walk(
 
 def _userinfo(text: str, replace: Replace, key: Any) -> str:
     def written(m: re.Match) -> str:  # user-info read from the environment names it: kept
-        userinfo = m["userinfo"] if _is_env_reference(_plain(m["userinfo"])) else replace(m["userinfo"], key)
+        user_alone = ":" not in m["userinfo"] and _DATABASE_SCHEME.fullmatch(m["scheme"])
+        kept = user_alone or _is_env_reference(_plain(m["userinfo"]))
+        userinfo = m["userinfo"] if kept else replace(m["userinfo"], key)
         return f"{m['scheme']}{userinfo}@"
 
     return _URL_USERINFO.sub(written, text)

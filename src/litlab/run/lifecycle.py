@@ -240,7 +240,8 @@ def finish(
     if trainer.is_global_zero:
         doctor.warn(summary.diagnosis or [])
     value = summary.metrics.get(cfg.optimized_metric)
-    log.info(result_line(summary, run.dir))
+    if trainer.is_global_zero:  # the run's last line, once
+        log.info(result_line(summary, run.dir))
     return value
 
 

@@ -132,7 +132,8 @@ class RunLock:
             self.holder = Holder.of_this_process(self.holder.started, self.holder.token)
             _write(self.storage, self.holder)
         except Exception as error:  # storage trouble shows where checkpoints are written
-            log.warning("lock heartbeat not written to %s: %s", lock_url(self.storage), error)
+            if self.holder is not None and failed_storage(self.storage.url) is None:  # else said already
+                log.warning("lock heartbeat not written to %s: %s", lock_url(self.storage), error)
 
     def release(self) -> None:
         heartbeat.unwatch(lock_url(self.storage))

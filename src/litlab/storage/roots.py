@@ -568,6 +568,11 @@ def _cause(error: BaseException, root: str, endpoint: str) -> str:
     if "HttpError" in names and getattr(error, "code", None):  # gcsfs's: "<message>, <status>"
         status = error.code  # type: ignore[attr-defined]
         message = f"{status} {str(error).rpartition(', ')[0]}".strip()
+    if "AzureSigningError" in names:  # the SDK cannot sign with the key (binascii's words hold none of it)
+        key = "AZURE_STORAGE_ACCOUNT_KEY"
+        if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):  # adlfs takes it first
+            key = "the AccountKey in AZURE_STORAGE_CONNECTION_STRING"
+        return f"{key} is not a valid account key, which is base64 ({message}): copy it again"
     # adlfs without a connection string or account name; Azure's credential chain finding none.
     chain_found_none = {"CredentialUnavailableError", "ClientAuthenticationError"} & names and not status
     no_azure_credentials = bool(chain_found_none) or (

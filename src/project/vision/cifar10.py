@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torchvision.datasets import CIFAR10
 
@@ -51,7 +52,14 @@ class CIFAR10DataModule(InMemoryImages):
     def prepare_data(self) -> None:
         if not _present(self.root):  # Lightning calls this once per node, before setup
             log.info("data cifar10: downloading CIFAR-10 into %s", self.root)
-            CIFAR10(str(self.root), train=True, download=True)
+            try:
+                CIFAR10(str(self.root), train=True, download=True)
+            except (OSError, RuntimeError) as error:  # offline, or a corrupt archive
+                raise MisconfigurationException(  # Lightning's "change the config": one line in litlab
+                    f"data=cifar10: CIFAR-10 could not be downloaded into data.root={self.root} ({error}): "
+                    f"put {FOLDER}/ (unpacked from {CIFAR10.url}) there, or point data.root (or "
+                    "LITLAB_DATA_DIR, its default) at a folder that holds it"
+                ) from error
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
