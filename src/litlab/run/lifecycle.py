@@ -249,7 +249,8 @@ def result_line(summary: Summary, run_dir: Path) -> str:
     name = summary.optimized_metric
     names = [name, "test/" + name.split("/", 1)[-1]] if name else []
     shown = [f"{n} = {summary.metrics[n]:.4g}" for n in dict.fromkeys(names) if n in summary.metrics]
-    return f"{', '.join(shown) or (f'{name}: not logged' if name else 'optimized_metric=null')}; run: {run_dir}"
+    missing = f"{name}: not logged" if name else "optimized_metric=null"
+    return f"{', '.join(shown) or missing}; run: {run_dir}"
 
 
 def _device_memory_mib(trainer: L.Trainer) -> float | None:
