@@ -28,9 +28,9 @@ from tests.conftest import TINY, train_in_process
 
 FALLBACK = "has no predict_dataloader: predicting its test split (test_dataloader)"
 ADD_PREDICT_STEP = (
-    "add `def predict_step(self, batch, batch_idx)` to {name}, returning each sample's prediction (a "
-    "tensor whose first dimension is the samples, or a dict of them): for (x, y) batches, `x, _ = batch; "
-    "return self(x)` or your network's call (docs/your-task.md)"
+    "add `def predict_step(self, batch, batch_idx)` to {name}, returning the batch's predictions (a "
+    "tensor, or a dict of them, one per sample): `x, _ = batch; return self(x)` for (x, y) batches "
+    "(docs/your-task.md)"
 )
 
 

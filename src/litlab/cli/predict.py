@@ -82,9 +82,9 @@ def forward_without_predict_step(module: Any) -> None:
         return
     name = type(module).__name__
     add = (
-        f"add `def predict_step(self, batch, batch_idx)` to {name}, returning each sample's prediction "
-        "(a tensor whose first dimension is the samples, or a dict of them): for (x, y) batches, "
-        "`x, _ = batch; return self(x)` or your network's call (docs/your-task.md)"
+        f"add `def predict_step(self, batch, batch_idx)` to {name}, returning the batch's predictions "
+        "(a tensor, or a dict of them, one per sample): `x, _ = batch; return self(x)` for (x, y) "
+        "batches (docs/your-task.md)"
     )
     if not is_overridden("forward", module, L.LightningModule):
         raise LitlabError(

@@ -98,21 +98,13 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     run.batch_sizes = sizes
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
-    if sizes.micro is None:
-        log.info(
-            "batch: data=%s has no batch_size: its datamodule sizes its own batches, so summary.json "
-            "has no micro-batch nor effective batch (docs/contract.md)",
-            _choice("data"),
-        )
-    else:
-        log.info(
-            "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
-            sizes.micro,
-            trainer.num_devices,
-            trainer.num_nodes,
-            sizes.accumulation,
-            sizes.effective,
-        )
+    log.info(
+        f"batch: micro-batch {sizes.micro} x {trainer.num_devices} device(s) x {trainer.num_nodes} node(s) x "
+        f"accumulation {sizes.accumulation} = effective batch {sizes.effective}"
+        if sizes.micro
+        else f"batch: data={_choice('data')} has no batch_size: its datamodule sizes its own batches, so "
+        "summary.json has no micro-batch nor effective batch (docs/contract.md)"
+    )
     if cfg.optimized_metric is None:
         log.info("optimized_metric=null: checkpoints keep the last epoch's, not the best by a metric")
     return trainer, module, data
