@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -26,6 +27,12 @@ from litlab.logs import global_rank
 from project.vision.data import DigitsDataModule
 from project.vision.module import ImageClassifier
 from project.vision.nets import MLP
+
+
+class ClassifierWithoutPredictStep(ImageClassifier):
+    """An ImageClassifier without predict_step: Lightning's default passes forward its whole batch."""
+
+    predict_step = L.LightningModule.predict_step
 
 
 class MLPOutOfMemoryAbove32(MLP):

@@ -83,7 +83,13 @@ CASES = {
         ["'model.net.hiden'", "project.vision.nets.CNN", "channels"],
     ),
     "bad value in a sweep": Case(
-        "litlab-train", ["-m", "seed=1,2", "optimized_metric=null"], ["'optimized_metric'", "not Optional"]
+        "litlab-train", ["-m", "seed=1,2", "compile=null"], ["'compile'", "not Optional"]
+    ),
+    # A metric the module's source never logs: said once, before any job trains to its first validation.
+    "metric the module never logs, in a sweep": Case(
+        "litlab-train",
+        ["-m", "seed=1,2", "optimized_metric=val/accuracy"],
+        ["optimized_metric=val/accuracy is logged nowhere", "{{split}}/acc"],
     ),
     "unknown key in every job of a sweep": Case(
         "litlab-train",
@@ -148,6 +154,19 @@ CASES = {
         ["ckpt_path={other_model}", "do not fit model=mlp"],
         before_torch=False,
     ),
+    # --- litlab-predict (after torch): nothing to call, or data of another task ---------------------
+    "predict through a forward that refuses (x, y) batches (after torch)": Case(
+        "litlab-predict",
+        ["ckpt_path={without_predict_step}"],
+        ["ClassifierWithoutPredictStep has no predict_step", "(here a tuple of 2)", "def predict_step"],
+        before_torch=False,
+    ),
+    "predict a checkpoint on another task's data (after torch)": Case(
+        "litlab-predict",
+        ["ckpt_path={earlier_checkpoint}", "data=pydoc_topics"],
+        ["data=pydoc_topics does not fit model=cnn", "trained on data=digits", "'CharCorpus'"],
+        before_torch=False,
+    ),
     # --- litlab-compare -------------------------------------------------------------------------
     "compare a missing directory": Case("litlab-compare", ["{tmp}/nowhere"], ["{tmp}/nowhere"]),
     "compare an empty directory": Case("litlab-compare", ["{empty_dir}"], ["{empty_dir}"]),
@@ -190,25 +209,34 @@ class Places(dict):
             (path / "class_a" / "notes.txt").write_text("no images here\n")
         elif name == "other_model":
             path = write_checkpoint_of_another_model(self.log_dir, path.with_suffix(".ckpt"))
+        elif name == "earlier_checkpoint":
+            (path,) = self.log_dir.glob("train/runs/*/checkpoints/last.ckpt")
+        elif name == "without_predict_step":
+            path = write_checkpoint_of_another_model(
+                self.log_dir,
+                path.with_suffix(".ckpt"),
+                {"_target_": "tests.faults.ClassifierWithoutPredictStep"},
+            )
         self[name] = str(path)
         return self[name]
 
 
-def write_checkpoint_of_another_model(log_dir: Path, path: Path) -> Path:
-    """The earlier run's checkpoint, relabelled as an MLP: its CNN weights do not fit that model."""
+def write_checkpoint_of_another_model(log_dir: Path, path: Path, model: dict | None = None) -> Path:
+    """The earlier run's checkpoint, relabelled as an MLP (its CNN weights do not fit that model), or
+    with ``model`` changed in its config."""
     import torch
 
     (source,) = log_dir.glob("train/runs/*/checkpoints/last.ckpt")
     checkpoint = torch.load(source, map_location="cpu", weights_only=True)
     stored = checkpoint["litlab"]
     net = {"_target_": "project.vision.nets.MLP", "_partial_": True, "hidden_sizes": [16], "dropout": 0.0}
-    stored["config"]["model"] = {**stored["config"]["model"], "net": net}
-    stored["choices"]["model"] = "mlp"
+    stored["config"]["model"] = {**stored["config"]["model"], **(model or {"net": net})}
+    stored["choices"]["model"] = stored["choices"]["model"] if model else "mlp"
     torch.save(checkpoint, path)
     return path
 
 
-ERROR_PREFIX = {"litlab-train": "litlab: error: ", "litlab-eval": "litlab: error: "}
+ERROR_PREFIX = {name: "litlab: error: " for name in ("litlab-train", "litlab-eval", "litlab-predict")}
 ERROR_PREFIX["litlab-compare"] = "litlab-compare: error: "
 
 
@@ -278,7 +306,9 @@ def test_bad_input_found_after_torch_fails_in_one_sentence_and_harms_nothing(nam
     workdir.mkdir()
     before = {"logs": tree(earlier), "tmp": tree(tmp_path)}
 
-    result = litlab(case.command, *args, env={"LITLAB_LOG_DIR": str(earlier)}, cwd=workdir)
+    result = litlab(
+        case.command, *args, env={**FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(earlier)}, cwd=workdir
+    )
 
     shown = result.stderr[-3000:] + "\n" + result.stdout[-1500:]
     assert_fails_in_one_sentence(case, result.returncode, result.stderr, words, shown)

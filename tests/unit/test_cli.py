@@ -176,7 +176,7 @@ def test_the_model_summary_shows_counted_flops_or_no_flops_column(caplog):
     assert uncounted.splitlines()[-1].endswith("Modules in eval mode")
 
 
-@pytest.mark.parametrize("typo", ["model.net.hiden=3", "optimized_metric=null"])
+@pytest.mark.parametrize("typo", ["model.net.hiden=3", "compile=null"])
 def test_a_sweep_whose_key_or_value_does_not_compose_ends_in_the_single_runs_one_line(typo, capsys):
     """``-m seed=1,2 model.net.hiden=3`` used to print Hydra's "Could not override" block and exit 1:
     Hydra composes a sweep's base config before any sweeper runs. The preflight composes it first."""

@@ -164,10 +164,22 @@ def test_cpu_cores_are_the_cores_this_process_may_use_not_the_machines():
     assert rules.cpu_cores() == len(allowed)
 
 
-def test_a_data_group_without_batch_size_is_refused(cfg):
+@pytest.mark.parametrize(
+    ("values", "setting"),
+    [({}, None), ({"global_batch_size": 64}, "global_batch_size=64"), ({"tune__batch_size": True},
+     "tune.batch_size=true"), ({"oom__action": "auto_shrink"}, "oom=auto_shrink")],
+)  # fmt: skip
+def test_a_data_config_without_batch_size_is_refused_only_where_a_setting_needs_one(cfg, values, setting):
+    # A datamodule may size its batches itself (Lightning's BoringDataModule): no micro-batch to derive,
+    # tune or halve, and no effective batch to report.
     with open_dict(cfg):
         del cfg.data["batch_size"]
-    with pytest.raises(ConfigError, match="^data has no batch_size: your data config must set batch_size"):
+    with_values(cfg, **values)
+    if setting is None:
+        rules.check(cfg)
+        assert rules.batch_sizes(cfg.data, cfg.trainer) == BatchSizes(None, 1, 1, None)
+        return
+    with pytest.raises(ConfigError, match=f"^{setting} needs data.batch_size: it .* and your data config "):
         rules.check(cfg)
 
 

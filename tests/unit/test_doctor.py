@@ -134,13 +134,14 @@ def test_a_spike_is_a_step_that_gives_back_half_of_the_progress():
 
 
 def test_a_cuda_micro_batch_that_uses_a_sliver_of_the_device_is_named():
-    def on_device(peak_mib: float) -> Summary:
+    def on_device(peak_mib: float, micro: int | None = 32) -> Summary:
         memory = {"kind": "cuda", "max_allocated_mib_per_rank": [peak_mib], "peak_mib": peak_mib}
-        return Summary(status="completed", micro_batch_size=32, memory=memory, device_memory_mib=80_000.0)
+        return Summary(status="completed", micro_batch_size=micro, memory=memory, device_memory_mib=80_000.0)
 
     (finding,) = doctor.diagnose(on_device(2_000.0))
     assert finding["symptom"] == "small micro-batch" and "tune.batch_size=true" in finding["cures"]
     assert "2000 MiB of the device's 80000 MiB (2%)" in finding["evidence"]
     assert doctor.diagnose(on_device(40_000.0)) == []
+    assert doctor.diagnose(on_device(2_000.0, micro=None)) == []  # no data.batch_size to raise
     cpu = Summary(status="completed", memory={"kind": "cpu_rss", "peak_mib": 100.0}, device_memory_mib=None)
     assert doctor.diagnose(cpu) == []

@@ -3,6 +3,8 @@ W&B run without a login names the two ways out. (tests/integration/test_loggers.
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import lightning as L
@@ -14,8 +16,8 @@ from omegaconf import OmegaConf
 from litlab.cli.api import train_run
 from litlab.errors import LitlabError
 from litlab.run.build import build_loggers
-from litlab.run.loggers import credential_arguments
-from tests.conftest import TINY, compose_train
+from litlab.run.loggers import check_wandb_login, credential_arguments
+from tests.conftest import REPO, TINY, compose_train
 
 
 def test_a_logger_whose_package_is_missing_names_the_pip_install(tmp_path, monkeypatch):
@@ -52,6 +54,29 @@ def test_a_wandb_run_without_a_login_fails_in_one_line(tmp_path, monkeypatch):
         "WANDB_MODE=offline to keep the runs on this machine (`wandb sync` uploads them later)"
     )
     assert not list((tmp_path / "logs").rglob("*.ckpt"))  # it stopped before training
+
+
+def test_every_wandb_command_of_the_loggers_page_runs_without_a_login(tmp_path, monkeypatch):
+    # A sweep of such a command would fail every job: each sets what runs without an account.
+    wandb = pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.chdir(tmp_path)  # no ./wandb/settings
+    block = re.search(r"```bash\n(.*?)```", (REPO / "docs" / "loggers.md").read_text(), re.S)
+    commands = [line.split("  #")[0] for line in block.group(1).splitlines() if "wandb" in line]
+    assert len(commands) == 3
+    for command in commands:
+        words = shlex.split(command)
+        start = words.index("litlab-train")
+        with monkeypatch.context() as scoped:
+            for setting in words[:start]:  # VAR=value before the command
+                scoped.setenv(*setting.split("=", 1))
+            wandb.teardown()  # wandb reads its settings again
+            cfg = compose_train([w for w in words[start:] if w.startswith("logger=")], tmp_path)
+            for logger_cfg in cfg.logger.values():
+                check_wandb_login(logger_cfg)
+    wandb.teardown()
 
 
 class RecordingLogger(Logger):

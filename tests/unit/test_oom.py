@@ -11,7 +11,9 @@ def test_advice_names_only_what_would_help():
     from litlab.config.rules import BatchSizes
     from litlab.run.oom import advice
 
-    def words(micro: int, precision: str = "32-true", global_batch: int | None = None, action: str = "fail"):
+    def words(
+        micro: int | None, precision: str = "32-true", global_batch: int | None = None, action: str = "fail"
+    ):
         cfg = OmegaConf.create(
             {
                 "global_batch_size": global_batch,
@@ -19,7 +21,7 @@ def test_advice_names_only_what_would_help():
                 "oom": {"action": action},
             }
         )
-        sizes = BatchSizes(micro=micro, accumulation=2, world_size=1, effective=micro * 2)
+        sizes = BatchSizes(micro=micro, accumulation=2, world_size=1, effective=micro and micro * 2)
         error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return advice(cfg, type("Run", (), {"batch_sizes": sizes})(), 3, error, "")
 
@@ -30,6 +32,10 @@ def test_advice_names_only_what_would_help():
     assert "global_batch_size stays 128" in words(64, global_batch=128)
     assert "oom=auto_shrink" not in words(64, action="auto_shrink")
     assert "a GPU with more memory" in words(1, precision="bf16-mixed")
+    # A datamodule without batch_size (it sizes its own batches): nothing to halve, no micro-batch named.
+    assert words(None).startswith("out of memory at global step 3 (CUDA") and "data.batch_size" not in words(
+        None
+    )
 
 
 # Memory runs out on purpose, on CPU: tests.faults.MLPOutOfMemoryAbove32 raises CUDA's out-of-memory

@@ -27,6 +27,11 @@ from project.vision.module import ImageClassifier
 from tests.conftest import TINY, train_in_process
 
 FALLBACK = "has no predict_dataloader: predicting its test split (test_dataloader)"
+ADD_PREDICT_STEP = (
+    "add `def predict_step(self, batch, batch_idx)` to {name}, returning the batch's predictions (a "
+    "tensor, or a dict of them, one per sample): `x, _ = batch; return self(x)` for (x, y) batches "
+    "(docs/your-task.md)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +167,39 @@ def test_a_module_without_predict_step_predicts_its_forward_on_the_data_named(
     with torch.no_grad():
         torch.testing.assert_close(tensors["prediction"], model(images))  # the logits, as forward gives them
     assert list(rows(run_dir)[0]) == ["index", *(f"prediction_{k}" for k in range(10))]
+
+
+class NeitherPredictStepNorForward(ImageClassifier):
+    """A module as the Lightning docs often show one: its steps call the network, no forward."""
+
+    predict_step = L.LightningModule.predict_step
+    forward = L.LightningModule.forward
+
+
+def test_a_module_with_neither_predict_step_nor_forward_is_told_what_to_add(
+    digits_checkpoint, run_predict, tmp_path
+):
+    checkpoint = changed_checkpoint(
+        digits_checkpoint, tmp_path, "model", f"{__name__}.NeitherPredictStepNorForward"
+    )
+    code, run_dir, err = run_predict(f"ckpt_path={checkpoint}")
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "litlab: error: NeitherPredictStepNorForward has neither predict_step nor forward, so litlab-predict "
+        f"has nothing to call: {ADD_PREDICT_STEP.format(name='NeitherPredictStepNorForward')}"
+    )
+    assert not run_dir.exists()
+
+
+def test_a_checkpoint_of_another_task_with_this_tasks_data_ends_in_one_line(char_lm_checkpoint, run_predict):
+    code, run_dir, err = run_predict(f"ckpt_path={char_lm_checkpoint}", "data=digits")
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        f"litlab: error: data=digits does not fit model=char_transformer of ckpt_path={char_lm_checkpoint}, "
+        "trained on data=pydoc_topics (AttributeError: 'DigitsDataModule' object has no attribute "
+        "'vocab_size'): predict on data of the task it was trained on"
+    )
+    assert not run_dir.exists()
 
 
 class PredictsWithADataLoader(DigitsDataModule):

@@ -365,3 +365,55 @@ def test_strategy_keywords_reach_the_torch_wrapper_named_in_keywords_passed_on()
 def _source(module: str) -> str:
     tree_module = importlib.util.find_spec(module.split(".")[0]).submodule_search_locations[0]
     return (Path(tree_module, *module.split(".")[1:]).with_suffix(".py")).read_text()
+
+
+METRICS = """
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    class Logs(L.LightningModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/mse", 0.0)
+
+    class LogsADict(Logs):
+        def test_step(self, batch, batch_idx):
+            self.log_dict({"test/mse": 0.0})
+
+    class LogsNothingItself(L.LightningModule):
+        pass
+
+    class F1(Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            pl_module.log("val/f1", 1.0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "callback", "refused"),
+    [
+        ("Logs", None, True),
+        ("Logs", "F1", False),
+        ("LogsADict", None, False),
+        ("LogsNothingItself", None, False),
+    ],
+)
+def test_a_metric_is_refused_only_where_the_source_tells_that_nothing_logs_it(
+    tmp_path, monkeypatch, module, callback, refused
+):
+    (tmp_path / "fakemetrics.py").write_text(textwrap.dedent(METRICS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    signatures._module_tree.cache_clear()
+    cfg = compose_train(["optimized_metric=val/f1"], tmp_path)
+    with open_dict(cfg):
+        cfg.model = {"_target_": f"fakemetrics.{module}"}
+        if callback:
+            cfg.callbacks.f1 = {"_target_": f"fakemetrics.{callback}"}
+    if not refused:  # a log_dict, a helper, a callback: where the source cannot tell, the run tells
+        signatures.check_metric_is_logged(cfg)
+        return
+    with pytest.raises(ConfigError) as error:
+        signatures.check_metric_is_logged(cfg)
+    assert str(error.value) == (
+        "optimized_metric=val/f1 is logged nowhere: fakemetrics.Logs logs val/mse (its self.log calls); set "
+        "optimized_metric to one of those (optimized_metric=null for a module that logs none)"
+    )

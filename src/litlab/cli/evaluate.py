@@ -63,7 +63,7 @@ def evaluate(cfg: DictConfig) -> float | None:
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
     result = {"ckpt_path": str(cfg.ckpt_path), "run_name": train_cfg.get("run_name"), "metrics": metrics}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    optimized = str(train_cfg.get("optimized_metric", ""))
+    optimized = str(train_cfg.get("optimized_metric") or "")
     tested = "test/" + optimized.split("/", 1)[-1]
     shown = sorted(metrics, key=lambda name: (name != tested, name))  # the optimized metric's twin first
     values = ", ".join(f"{name} = {metrics[name]:.4g}" for name in shown) or "no test metrics logged"
@@ -92,23 +92,32 @@ def rebuild_from_checkpoint(cfg: DictConfig) -> tuple[dict, DictConfig, Any, Any
     problem = unresolvable(train_cfg, ("data", "model", "precision"))
     if problem is not None:
         raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
-    data = build_datamodule(train_cfg, train_cfg.data.batch_size)
+    data = build_datamodule(train_cfg, train_cfg.data.get("batch_size"))
     module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
     check_gpus_available(cfg, prefix="")
     return stored, train_cfg, data, module
 
 
 @contextlib.contextmanager
-def weights_that_fit(ckpt_path: str, stored: dict) -> Iterator[None]:
-    """Lightning's error for weights that do not fit the rebuilt module, as one line naming the model."""
+def weights_that_fit(ckpt_path: str, stored: dict, other_data: str | None = None) -> Iterator[None]:
+    """Lightning's error for weights that do not fit the rebuilt module, as one line naming the model;
+    with ``other_data`` (litlab-predict data=NAME), any error: the data is another task's."""
     from litlab.errors import LitlabError
 
+    model = stored.get("choices", {}).get("model", "?")
     try:
         yield
-    except RuntimeError as error:
-        if "state_dict" not in str(error):
+    except LitlabError:
+        raise
+    except Exception as error:
+        if other_data is not None:
+            raise LitlabError(
+                f"data={other_data} does not fit model={model} of ckpt_path={ckpt_path}, trained on "
+                f"data={stored.get('choices', {}).get('data', '?')} ({type(error).__name__}: "
+                f"{_first_line(error)}): predict on data of the task it was trained on"
+            ) from error
+        if not isinstance(error, RuntimeError) or "state_dict" not in str(error):
             raise
-        model = stored.get("choices", {}).get("model", "?")
         raise LitlabError(
             f"ckpt_path={ckpt_path} holds weights that do not fit model={model}, the model its "
             f"config names ({_first_line(error)}): they come from another model, or from an older "

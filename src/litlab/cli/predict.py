@@ -21,7 +21,7 @@ from litlab.cli import quiet
 from litlab.cli.evaluate import no_run_dir_after_bad_input, rebuild_from_checkpoint, start, weights_that_fit
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
-from litlab.errors import LitlabError
+from litlab.errors import LitlabError, first_line
 from litlab.logs import global_rank
 
 schema.register()
@@ -35,7 +35,6 @@ def predict(cfg: DictConfig) -> None:
 
     import lightning as L
     from hydra.core.hydra_config import HydraConfig
-    from lightning.pytorch.utilities.model_helpers import is_overridden
 
     from litlab.callbacks.prediction_files import PredictionFiles
     from litlab.callbacks.progress import progress_bar
@@ -51,11 +50,7 @@ def predict(cfg: DictConfig) -> None:
     with no_run_dir_after_bad_input(run_dir), one_line_errors():
         stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
         split = use_test_split_without_predict_dataloader(data)
-        if not is_overridden("predict_step", module, L.LightningModule) and global_rank() == 0:
-            log.info(
-                "%s has no predict_step: Lightning's default calls forward on each batch",
-                type(module).__name__,
-            )
+        forward_without_predict_step(module)
         writer = PredictionFiles(run_dir, split)
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
@@ -67,10 +62,51 @@ def predict(cfg: DictConfig) -> None:
             callbacks=[progress_bar(), writer],
             default_root_dir=str(run_dir),
         )
-        with weights_that_fit(cfg.ckpt_path, stored):
+        # data=NAME of another task: the module fails in setup or predict_step, said in one line.
+        other_data = HydraConfig.get().runtime.choices.get("data") if cfg.get("data") is not None else None
+        with weights_that_fit(cfg.ckpt_path, stored, other_data):
             trainer.predict(
                 module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, return_predictions=False
             )
+
+
+def forward_without_predict_step(module: Any) -> None:
+    """For a module without predict_step, Lightning's default, ``forward(batch)``: a LitlabError
+    naming what to add where it has no forward, or where forward refuses a batch that is not one
+    tensor (the ``(x, y)`` of a split with targets)."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if is_overridden("predict_step", module, L.LightningModule):
+        return
+    name = type(module).__name__
+    add = (
+        f"add `def predict_step(self, batch, batch_idx)` to {name}, returning the batch's predictions "
+        "(a tensor, or a dict of them, one per sample): `x, _ = batch; return self(x)` for (x, y) "
+        "batches (docs/your-task.md)"
+    )
+    if not is_overridden("forward", module, L.LightningModule):
+        raise LitlabError(
+            f"{name} has neither predict_step nor forward, so litlab-predict has nothing to call: {add}"
+        )
+    if global_rank() == 0:
+        log.info("%s has no predict_step: Lightning's default calls forward on each batch", name)
+    default = module.predict_step
+
+    def predict_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return default(batch, *args, **kwargs)
+        except Exception as error:
+            if isinstance(batch, torch.Tensor):
+                raise
+            raise LitlabError(
+                f"{name} has no predict_step, and Lightning's default passes each whole batch (here a "
+                f"{type(batch).__name__} of {len(batch)}) to forward, which raised {type(error).__name__}: "
+                f"{first_line(error)}; {add}"
+            ) from error
+
+    module.predict_step = predict_step  # the instance's: Lightning calls it as the module's hook
 
 
 def use_test_split_without_predict_dataloader(data: Any) -> str:

@@ -35,9 +35,11 @@ ENGINE_CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 def check_train_config(cfg: DictConfig, overrides: list[str]) -> None:
     """The torch-free checks of a train config: every ``_target_`` node's keys and plain types
-    (trainer's against lightning.Trainer), then the engine's rules, which read well-typed values."""
+    (trainer's against lightning.Trainer), the engine's rules, which read well-typed values, and the
+    optimized metric against what the module's source logs."""
     signatures.check(cfg, overrides, config_dirs(cfg))
     rules.check(cfg)
+    signatures.check_metric_is_logged(cfg)
 
 
 def config_dirs(cfg: DictConfig) -> list[Path]:

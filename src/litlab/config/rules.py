@@ -27,10 +27,10 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BatchSizes:
-    micro: int  # per device per optimizer step (data.batch_size)
+    micro: int | None  # per device per optimizer step (data.batch_size); None: the datamodule's own
     accumulation: int
     world_size: int  # devices x nodes
-    effective: int  # samples per optimizer step across all ranks
+    effective: int | None  # samples per optimizer step across all ranks; None where micro is
 
 
 def device_count(devices: Any) -> int | None:
@@ -57,9 +57,10 @@ def batch_sizes(
     if world_size is None:
         world_size = (device_count(trainer.get("devices", "auto")) or 1) * nodes
     accumulation = trainer.get("accumulate_grad_batches", 1)
-    micro = data.batch_size
+    micro = data.get("batch_size")  # None: a datamodule that fixes its batches itself
     _positive("trainer.accumulate_grad_batches", accumulation)  # "02" from a sweep is a string: no 0202
     if global_batch is not None:
+        _needs_batch_size(data, f"global_batch_size={global_batch}", "sets the micro-batch it derives")
         per_step = world_size * accumulation
         if global_batch % per_step != 0:
             raise ConfigError(
@@ -70,7 +71,19 @@ def batch_sizes(
                 f"{world_size} ranks x accumulate_grad_batches={accumulation}"
             )
         micro = global_batch // per_step
-    return BatchSizes(micro, accumulation, world_size, micro * accumulation * world_size)
+    return BatchSizes(
+        micro, accumulation, world_size, None if micro is None else micro * accumulation * world_size
+    )
+
+
+def _needs_batch_size(data: DictConfig, setting: str, why: str) -> None:
+    """A ConfigError for ``setting``, which needs ``data.batch_size``, when the data config has none."""
+    if "batch_size" not in data:
+        raise ConfigError(
+            f"{setting} needs data.batch_size: it {why}, and your data config ({data.get('_target_')}) "
+            "has no batch_size; give your datamodule a batch_size argument and set it in the data "
+            "config (docs/contract.md)"
+        )
 
 
 def usable_cores() -> list[int]:
@@ -99,11 +112,6 @@ def check(cfg: DictConfig) -> None:
     _check_no_added_keys(cfg)
     _check_no_missing_values(cfg)
     trainer, data = cfg.trainer, cfg.data
-    if not OmegaConf.is_dict(data) or "batch_size" not in data:
-        raise ConfigError(
-            "data has no batch_size: your data config must set batch_size, the micro-batch its "
-            "datamodule's constructor takes (docs/contract.md)"
-        )
     # Keys the trainer YAML leaves out have Lightning's defaults (lightning.Trainer's signature).
     if trainer.get("max_epochs") not in (None, -1):
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
@@ -111,7 +119,12 @@ def check(cfg: DictConfig) -> None:
         _positive("trainer.max_steps", trainer.max_steps, "a positive integer, or -1 (no limit)")
     _positive("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1))
     _positive("trainer.num_nodes", trainer.get("num_nodes", 1))
-    _positive("data.batch_size", data.batch_size)
+    if "batch_size" in data:  # a datamodule may fix its batches itself (docs/contract.md)
+        _positive("data.batch_size", data.batch_size)
+    if cfg.tune.batch_size:
+        _needs_batch_size(data, "tune.batch_size=true", "changes it to the largest that fits")
+    if cfg.oom.action == "auto_shrink":
+        _needs_batch_size(data, "oom=auto_shrink", "halves it after an out-of-memory error")
     if "global_batch_size" in data:  # where it was before it became the engine's own key
         raise ConfigError(
             f"data.global_batch_size={data.get('global_batch_size')} is not a key of your data config: "
@@ -131,8 +144,27 @@ def check(cfg: DictConfig) -> None:
             f"precision.value={cfg.precision.value} is not allowed: use one of " + ", ".join(PRECISION_VALUES)
         )
     _one_of("optimized_metric_mode", cfg.optimized_metric_mode, METRIC_MODES)
+    if cfg.optimized_metric is None:
+        _check_nothing_follows_a_metric(cfg)
     batch_sizes(data, trainer, global_batch=cfg.global_batch_size)  # raises when it does not divide
     check_runtime_options(cfg)
+
+
+def _check_nothing_follows_a_metric(cfg: DictConfig) -> None:
+    """optimized_metric=null (a module that logs no metric): a search and a callback that follow one
+    cannot run; checkpoints keep the last epoch's instead of the best."""
+    what = None
+    if str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="")).endswith("OptunaSearch"):
+        what = "hparams_search=optuna maximises or minimises it"
+    for name, node in cfg.callbacks.items():
+        target = str(node.get("_target_", "")) if OmegaConf.is_dict(node) else ""
+        if node is not None and "monitor" in node and node.monitor is None and "heckpoint" not in target:
+            what = f"callbacks.{name} ({target.rsplit('.', 1)[-1]}) follows it"
+    if what is not None:
+        raise ConfigError(
+            f"optimized_metric=null: {what}; set optimized_metric to a metric your module logs "
+            "with self.log (e.g. val/loss)"
+        )
 
 
 def check_runtime_options(cfg: DictConfig) -> None:

@@ -104,7 +104,7 @@ class TrainConfig:
     global_batch_size: int | None = MISSING  # fixes the effective batch; data.batch_size is derived
     compile: bool = MISSING  # torch.compile the LightningModule's forward
     test_after_fit: bool = MISSING
-    optimized_metric: str = MISSING
+    optimized_metric: str | None = MISSING  # null: the module logs none (docs/contract.md)
     optimized_metric_mode: str = MISSING  # min or max
     on_nonfinite: str = MISSING  # rules.NONFINITE_ACTIONS
     hang_timeout: float = MISSING  # seconds without progress before the run ends; 0: off

@@ -14,6 +14,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,60 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
             elif not signature.any_keyword:
                 accepted = ", ".join(_accepted(path, signature)) or "no arguments"
                 raise ConfigError(f"unknown key '{full_key}' {where(full_key)}: {target} accepts {accepted}")
+
+
+def check_metric_is_logged(cfg: DictConfig) -> None:
+    """A ConfigError when the source of the module and the callbacks tells that nothing logs
+    ``optimized_metric``: every name they pass to ``self.log`` (``pl_module.log``) is text or an f-string
+    (``f"{split}/acc"`` stands for any split), and none matches. Silent where the source cannot tell."""
+    metric, logged = cfg.get("optimized_metric"), []
+    parts = [(cfg.model, "self"), *((c, "pl_module") for c in cfg.callbacks.values() if c is not None)]
+    for node, owner in parts:
+        target = node.get("_target_") if OmegaConf.is_dict(node) else None
+        module, _, name = str(target).rpartition(".")
+        found = _definition(module, name, 0) if target and module else None
+        names = _logged_names(found, owner) if found and isinstance(found[0], ast.ClassDef) else []
+        if names is None or (owner == "self" and not names):  # a module that logs nothing itself: helpers
+            return
+        logged += names
+    if metric is None or any(re.fullmatch(pattern, metric) for pattern, _ in logged):
+        return
+    raise ConfigError(
+        f"optimized_metric={metric} is logged nowhere: {cfg.model._target_} logs "
+        f"{', '.join(dict.fromkeys(shown for _, shown in logged))} (its self.log calls); set "
+        "optimized_metric to one of those (optimized_metric=null for a module that logs none)"
+    )
+
+
+def _logged_names(found: Definition, owner: str, depth: int = 0) -> list[tuple[str, str]] | None:
+    """(a pattern, as written) for each ``owner.log(name, ...)`` of a class and its bases up to
+    Lightning's; None where a name is neither text nor an f-string, or a base is not found."""
+    node, module, tree, is_package = found
+    names = []
+    for call in ast.walk(node):
+        function = call.func if isinstance(call, ast.Call) else None
+        if not (isinstance(function, ast.Attribute) and getattr(function.value, "id", None) == owner):
+            continue
+        if function.attr == "log_dict":
+            return None
+        name = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+        if function.attr == "log":
+            if not isinstance(name, (ast.Constant, ast.JoinedStr)):
+                return None
+            parts = name.values if isinstance(name, ast.JoinedStr) else [name]
+            pattern = "".join(re.escape(str(p.value)) if isinstance(p, ast.Constant) else ".+" for p in parts)
+            names.append((pattern, ast.unparse(name).removeprefix("f")[1:-1]))
+    for base in node.bases:
+        if _decorator_name(base) in ("LightningModule", "Callback"):
+            continue
+        found = _base(base, module, tree, is_package, depth)
+        more = (
+            _logged_names(found, owner, depth + 1) if found and isinstance(found[0], ast.ClassDef) else None
+        )
+        if more is None:
+            return None
+        names += more
+    return names
 
 
 def _accepted(path: str, signature: Signature) -> list[str]:
@@ -319,22 +374,36 @@ def _top_level(tree: ast.Module) -> list[ast.stmt]:
     return statements
 
 
-def _from_source(module: str, name: str, depth: int) -> Signature | None:
+Definition = tuple[ast.stmt, str, ast.Module, bool]  # a class or function, its module, tree, package
+
+
+def _definition(module: str, name: str, depth: int) -> Definition | None:
+    """Where ``module.name`` is defined in source (following ``from ... import``), without importing it."""
     parsed = _module_tree(module) if depth < 10 else None
     if parsed is None:
         return None
     tree, is_package = parsed
     for statement in _top_level(tree):
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == name:
-            return None if statement.decorator_list else _arguments(statement.args, skip_first=False)
-        if isinstance(statement, ast.ClassDef) and statement.name == name:
-            return _class(statement, module, tree, is_package, depth)
+        if (
+            isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and statement.name == name
+        ):
+            return statement, module, tree, is_package
         if isinstance(statement, ast.ImportFrom):
             for alias in statement.names:
                 if (alias.asname or alias.name) == name:
                     source = _imported_module(module, is_package, statement)
-                    return _from_source(source, alias.name, depth + 1) if source else None
+                    return _definition(source, alias.name, depth + 1) if source else None
     return None
+
+
+def _from_source(module: str, name: str, depth: int) -> Signature | None:
+    found = _definition(module, name, depth)
+    if found is None:
+        return None
+    if isinstance(found[0], ast.ClassDef):
+        return _class(*found, depth)
+    return None if found[0].decorator_list else _arguments(found[0].args, skip_first=False)
 
 
 def _imported_module(module: str, is_package: bool, statement: ast.ImportFrom) -> str | None:
@@ -362,8 +431,9 @@ def _class(
                 return _arguments(statement.args, skip_first=True)
     for base in node.bases:  # no __init__ of its own: the first base that defines one
         found = _base(base, module, tree, is_package, depth)
-        if found is not None:
-            return found
+        signature = _class(*found, depth + 1) if found and isinstance(found[0], ast.ClassDef) else None
+        if signature is not None:
+            return signature
     return None
 
 
@@ -375,27 +445,20 @@ def _decorator_name(decorator: ast.expr) -> str | None:
     return decorator.attr if isinstance(decorator, ast.Attribute) else None
 
 
-def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth: int) -> Signature | None:
+def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth: int) -> Definition | None:
     if isinstance(base, ast.Name):
-        return _from_source(module, base.id, depth + 1)
-    if isinstance(base, ast.Attribute) and isinstance(
-        base.value, ast.Name
-    ):  # e.g. nn.Module, L.LightningModule
+        return _definition(module, base.id, depth + 1)
+    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):  # nn.Module, L.LightningModule
         alias = base.value.id
         for statement in _top_level(tree):
-            if isinstance(statement, ast.Import):
-                for imported in statement.names:
-                    if (imported.asname or imported.name) == alias:
-                        return _from_source(imported.name, base.attr, depth + 1)
-            if isinstance(statement, ast.ImportFrom):
-                for imported in statement.names:
-                    if (imported.asname or imported.name) == alias:
-                        source = _imported_module(module, is_package, statement)
-                        return (
-                            _from_source(f"{source}.{imported.name}", base.attr, depth + 1)
-                            if source
-                            else None
-                        )
+            imports = statement.names if isinstance(statement, (ast.Import, ast.ImportFrom)) else []
+            for imported in imports:
+                if (imported.asname or imported.name) != alias:
+                    continue
+                if isinstance(statement, ast.Import):
+                    return _definition(imported.name, base.attr, depth + 1)
+                source = _imported_module(module, is_package, statement)
+                return _definition(f"{source}.{imported.name}", base.attr, depth + 1) if source else None
     return None
 
 

@@ -13,7 +13,9 @@ import functools
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -38,7 +40,7 @@ from litlab.callbacks.world import WorldCheck
 from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction
 from litlab.config.rules import ConfigError, batch_sizes
-from litlab.errors import LitlabError, one_line, warn_about_setup
+from litlab.errors import LitlabError, first_line, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
 from litlab.run.hangs import HeartbeatAfterYourCallbacks, RankWatch
@@ -97,19 +99,22 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     data = build_datamodule(cfg, sizes.micro)
     module = build_module(cfg)
     log.info(
-        "batch: micro-batch %d x %d device(s) x %d node(s) x accumulation %d = effective batch %d",
-        sizes.micro,
-        trainer.num_devices,
-        trainer.num_nodes,
-        sizes.accumulation,
-        sizes.effective,
+        f"batch: micro-batch {sizes.micro} x {trainer.num_devices} device(s) x {trainer.num_nodes} node(s) x "
+        f"accumulation {sizes.accumulation} = effective batch {sizes.effective}"
+        if sizes.micro
+        else f"batch: data={_choice('data')} has no batch_size: its datamodule sizes its own batches, so "
+        "summary.json has no micro-batch nor effective batch (docs/contract.md)"
     )
+    if cfg.optimized_metric is None:
+        log.info("optimized_metric=null: checkpoints keep the last epoch's, not the best by a metric")
     return trainer, module, data
 
 
-def build_datamodule(cfg: DictConfig, micro_batch_size: int) -> L.LightningDataModule:
-    """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch."""
-    data = _instantiate("data", cfg.data, batch_size=micro_batch_size)
+def build_datamodule(cfg: DictConfig, micro_batch_size: int | None) -> L.LightningDataModule:
+    """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch, where
+    there is one."""
+    sized = {} if micro_batch_size is None else {"batch_size": micro_batch_size}
+    data = _instantiate("data", cfg.data, **sized)
     if not isinstance(data, L.LightningDataModule):
         raise LitlabError(
             f"data={_choice('data')} builds a {type(data).__name__}, not a LightningDataModule: point "
@@ -128,6 +133,7 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
             f"model={_choice('model')} builds a {type(module).__name__}, not a LightningModule: point "
             "model._target_ at your LightningModule class (a network goes inside it, e.g. model.net)"
         )
+    _configure_optimizers_in_one_line(module)
     if cfg.compile:
         import torch
 
@@ -138,6 +144,36 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
         # forward, compiled as Lightning compiles it, keeps the weights' names (no ``_orig_mod.``).
         module.forward = torch.compile(module.forward)
     return module
+
+
+def _configure_optimizers_in_one_line(module: L.LightningModule) -> None:
+    """An error raised in your ``configure_optimizers`` (a config called as the optimizer: with
+    ``_recursive_: false`` it arrives as config) as one line naming the class and the line of your code."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if not is_overridden("configure_optimizers", module, L.LightningModule):
+        return
+    configure, name = module.configure_optimizers, type(module).__name__
+    package = Path(sys.modules[type(module).__module__.split(".")[0]].__file__ or "").parent
+
+    def configure_optimizers() -> Any:
+        try:
+            return configure()
+        except Exception as error:
+            mine = [
+                f for f in traceback.extract_tb(error.__traceback__) if package in Path(f.filename).parents
+            ]
+            where = f" at {Path(mine[-1].filename).name}:{mine[-1].lineno} `{mine[-1].line}`" if mine else ""
+            if "object is not callable" in str(error):  # the optimizer's config called as a partial
+                where += (
+                    ": with _recursive_: false the optimizer arrives as config, which hydra.utils."
+                    "instantiate(self.hparams.optimizer)(self.parameters()) builds (docs/your-task.md)"
+                )
+            raise LitlabError(
+                f"{name}.configure_optimizers raised {type(error).__name__}: {first_line(error)}{where}"
+            ) from error
+
+    module.configure_optimizers = configure_optimizers  # the instance's: Lightning calls it as the hook
 
 
 def check_by_building(cfg: DictConfig) -> None:

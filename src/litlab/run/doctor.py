@@ -152,8 +152,8 @@ def input_bound(summary: Summary) -> Finding | None:
 def small_micro_batch(summary: Summary) -> Finding | None:
     memory = summary.memory or {}
     total = summary.device_memory_mib
-    if memory.get("kind") != "cuda" or not finite(total) or total <= 0:
-        return None
+    if memory.get("kind") != "cuda" or not finite(total) or total <= 0 or summary.micro_batch_size is None:
+        return None  # None: a datamodule that sizes its own batches has no data.batch_size to raise
     peak = max(memory.get("max_allocated_mib_per_rank") or [0.0])
     if peak >= SMALL_BATCH_MEMORY_SHARE * total:
         return None

@@ -222,8 +222,8 @@ def finish(
     # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
     # when the best checkpoint was written, which forgets a last.ckpt written after it.
     checkpoints = _checkpoints(trainer, run)
-    if cfg.test_after_fit and not trainer.fast_dev_run and not pruned and _has_test_step(module):
-        tested = checkpoints["best"]
+    if cfg.test_after_fit and not pruned and _has_test_step(module):
+        tested = checkpoints["best"]  # None (debug=fast, no checkpoint callback): the weights as trained
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
     metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
     if not run.fit_elsewhere:  # there forked rank 0 notes it: CUDA stays uninitialised in this process
@@ -247,12 +247,11 @@ def finish(
 
 def result_line(summary: Summary, run_dir: Path) -> str:
     """The last line of a run: the monitored and the test metric (4 significant figures), the run dir."""
-    name = summary.optimized_metric or ""
-    test_name = "test/" + name.split("/", 1)[-1]
-    shown = [
-        f"{n} = {summary.metrics[n]:.4g}" for n in dict.fromkeys([name, test_name]) if n in summary.metrics
-    ]
-    return f"{', '.join(shown) or f'{name}: not logged'}; run: {run_dir}"
+    name = summary.optimized_metric
+    names = [name, "test/" + name.split("/", 1)[-1]] if name else []
+    shown = [f"{n} = {summary.metrics[n]:.4g}" for n in dict.fromkeys(names) if n in summary.metrics]
+    missing = f"{name}: not logged" if name else "optimized_metric=null"
+    return f"{', '.join(shown) or missing}; run: {run_dir}"
 
 
 def _device_memory_mib(trainer: L.Trainer) -> float | None:

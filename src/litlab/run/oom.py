@@ -124,7 +124,8 @@ def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: 
     """One sentence: where memory ran out, and which changes would help this run."""
     sizes = run.batch_sizes
     options = []
-    if sizes.micro > 1:
+    halvable = (sizes.micro or 0) > 1  # None: a datamodule without batch_size sizes its own batches
+    if halvable:
         if cfg.get("global_batch_size") is None:
             options.append(
                 f"a smaller micro-batch with more accumulation (data.batch_size={sizes.micro // 2} "
@@ -138,13 +139,13 @@ def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: 
             )
     if cfg.precision.value == "32-true":
         options.append("precision=bf16 (or precision=fp16 on GPUs without bfloat16) to halve activations")
-    if cfg.oom.action == "fail" and sizes.micro > 1:
+    if cfg.oom.action == "fail" and halvable:
         options.append("oom=auto_shrink to halve the micro-batch automatically")
     if not options:
         options.append("a smaller model or a GPU with more memory")
     torch_says = str(error).strip().split(". ")[0][:120]
     tried = ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
-    where = f"global step {step} with micro-batch {sizes.micro}"
+    where = f"global step {step}" + (f" with micro-batch {sizes.micro}" if sizes.micro else "")
     return f"out of memory at {where} ({torch_says}){why_not}; try {tried}"
 
 
