@@ -256,3 +256,29 @@ def test_object_store_check_names_a_missing_bucket_an_endpoint_that_never_answer
         StorageError, match=rf"is already running: {run.url}\.lock is held by pid {holder['pid']}"
     ):
         lock.check_not_locked(run)
+
+
+def test_object_store_a_run_resumed_from_another_runs_checkpoint_leaves_that_run_alone(
+    object_store, monkeypatch, tmp_path
+):
+    """``resume=<run A's last.ckpt URL> run_name=B trainer.max_epochs=2``, the documented "a finished
+    run with more epochs", in-process on every object store: run B writes its own checkpoints and
+    run A's objects stay byte for byte (Lightning's ModelCheckpoint restores A's file as its best and
+    deletes a non-local one at its first save)."""
+    from tests.conftest import TINY, train_in_process
+
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = object_store.create_bucket("another")
+    run = [*TINY, *object_store.storage(bucket, "runs"), "model=mlp", "logger=none", "test_after_fit=false"]
+    train_in_process(tmp_path, *run, "run_name=runA", name="a")
+    run_a = {key: data for key, data in object_store.objects(bucket).items() if key.startswith("runs/runA/")}
+    assert "runs/runA/checkpoints/last.ckpt" in run_a
+    url = f"{object_store.scheme}://{bucket}/runs/runA/checkpoints/last.ckpt"
+    more = train_in_process(
+        tmp_path, *run, "run_name=runB", "trainer.max_epochs=2", f"resume={url}", name="b"
+    )
+    assert more["status"] == "completed" and more["epochs"] == 2
+    objects = object_store.objects(bucket)
+    assert {key: data for key, data in objects.items() if key.startswith("runs/runA/")} == run_a
+    assert "runs/runB/checkpoints/last.ckpt" in objects

@@ -103,6 +103,12 @@ class EpochCheckpoint(ModelCheckpoint):
             return
         super().on_train_batch_end(trainer, pl_module, *args)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # From another folder (resume=<another run's checkpoint>) Lightning still restores
+        # best_model_path, and its first save deletes that file unless it is local: another run's.
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+
     @functools.cached_property
     def state_key(self) -> str:
         # Lightning formats it at every hook it hands over; it names settings fixed at construction.
