@@ -104,8 +104,7 @@ class EpochCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, *args)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # From another folder (resume=<another run's checkpoint>) Lightning still restores
-        # best_model_path, and its first save deletes that file unless it is local: another run's.
+        # Lightning restores best_model_path from another run's folder too, and deletes it at its first save.
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
 
