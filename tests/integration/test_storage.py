@@ -203,7 +203,7 @@ def test_object_store_the_folder_of_a_code_version_is_found_among_its_siblings(
         monkeypatch.setenv(name, value)
     config = storage_config(object_store, tmp_path, object_store.create_bucket("versions"), "runs")
     root, options = config["root"], storage_options(config)
-    code = {letter: {"fingerprint": letter * 40, "files": {}} for letter in "abc"}
+    code = {letter: {"fingerprint": letter * 40, "files": {"project/module.py": letter}} for letter in "abc"}
     base = RunStorage(root, "default-0123456789", options)
     resume.record_start(base, resume.Decision(code=code["a"]), Path("run-dir"))
     base.write_text("summary.json", json.dumps({"status": "completed"}))
