@@ -2,7 +2,7 @@
 
 ``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``, reading storage
 once per start: a completed run is not trained again (one completed with other code or settings
-gets a folder of its own, ``<identity>-<8 hex digits>``); an unfinished one continues from its newest
+gets a folder of its own, ``<identity>-<version[:8]>``); an unfinished one continues from its newest
 checkpoint that loads, whatever changed, with a warning. ``find`` is its read-only first half (the folder and
 the completed summary), which names the run's folder and the pool's check before a job starts.
 """
