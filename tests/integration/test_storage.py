@@ -203,16 +203,17 @@ def test_object_store_the_folder_of_a_code_version_is_found_among_its_siblings(
         monkeypatch.setenv(name, value)
     config = storage_config(object_store, tmp_path, object_store.create_bucket("versions"), "runs")
     root, options = config["root"], storage_options(config)
-    code = {letter: {"fingerprint": letter * 40, "files": {}} for letter in "abc"}
+    code = {letter: {"fingerprint": letter * 40, "files": {"project/module.py": letter}} for letter in "abc"}
     base = RunStorage(root, "default-0123456789", options)
     resume.record_start(base, resume.Decision(code=code["a"]), Path("run-dir"))
     base.write_text("summary.json", json.dumps({"status": "completed"}))
     assert resume.find("auto", base, code["a"]).folder.identity == base.identity
-    assert resume.find("auto", base, code["b"]).folder.identity == "default-0123456789-bbbbbbbb"
-    later = RunStorage(root, "default-0123456789-bbbbbbbb", options)
+    named = resume.find("auto", base, code["b"]).folder.identity
+    assert named.startswith("default-0123456789-") and named != base.identity
+    later = RunStorage(root, named, options)
     resume.record_start(later, resume.Decision(code=code["b"]), Path("run-dir"))  # then killed
     assert resume.find("auto", base, code["c"]).folder.identity == later.identity
-    assert resume.find("never", base, code["c"]).folder.identity.endswith("-cccccccc")
+    assert resume.find("never", base, code["c"]).folder.identity not in (base.identity, later.identity)
 
 
 def test_object_store_check_names_a_missing_bucket_an_endpoint_that_never_answers_and_a_held_lock(
@@ -256,3 +257,29 @@ def test_object_store_check_names_a_missing_bucket_an_endpoint_that_never_answer
         StorageError, match=rf"is already running: {run.url}\.lock is held by pid {holder['pid']}"
     ):
         lock.check_not_locked(run)
+
+
+def test_object_store_a_run_resumed_from_another_runs_checkpoint_leaves_that_run_alone(
+    object_store, monkeypatch, tmp_path
+):
+    """``resume=<run A's last.ckpt URL> run_name=B trainer.max_epochs=2``, the documented "a finished
+    run with more epochs", in-process on every object store: run B writes its own checkpoints and
+    run A's objects stay byte for byte (Lightning's ModelCheckpoint restores A's file as its best and
+    deletes a non-local one at its first save)."""
+    from tests.conftest import TINY, train_in_process
+
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = object_store.create_bucket("another")
+    run = [*TINY, *object_store.storage(bucket, "runs"), "model=mlp", "logger=none", "test_after_fit=false"]
+    train_in_process(tmp_path, *run, "run_name=runA", name="a")
+    run_a = {key: data for key, data in object_store.objects(bucket).items() if key.startswith("runs/runA/")}
+    assert "runs/runA/checkpoints/last.ckpt" in run_a
+    url = f"{object_store.scheme}://{bucket}/runs/runA/checkpoints/last.ckpt"
+    more = train_in_process(
+        tmp_path, *run, "run_name=runB", "trainer.max_epochs=2", f"resume={url}", name="b"
+    )
+    assert more["status"] == "completed" and more["epochs"] == 2
+    objects = object_store.objects(bucket)
+    assert {key: data for key, data in objects.items() if key.startswith("runs/runA/")} == run_a
+    assert "runs/runB/checkpoints/last.ckpt" in objects

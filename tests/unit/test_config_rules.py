@@ -343,15 +343,22 @@ def test_the_identity_hashes_what_the_run_trains_not_where_or_how_it_is_launched
     assert identity_of("model=mlp", "trainer.max_epochs=3", *launch_only) == plain
     # What the run trains, resolved: the default value spelled out, or spelled otherwise, is the same run.
     assert identity_of("model=mlp", "trainer.max_epochs=3", "optimizer.lr=3e-3", "seed=42") == plain
+    # Values equal as numbers are one setting, whichever type the spelling gave them.
+    assert identity_of("model=mlp", "trainer.max_epochs=3", "optimizer.weight_decay=0") == identity_of(
+        "model=mlp", "trainer.max_epochs=3", "optimizer.weight_decay=0.0"
+    )
     assert identity_of("model=mlp", "trainer.max_epochs=4") != plain
     assert identity_of("model=mlp", "trainer.max_epochs=3", "+trainer.extra=1") != plain
     assert identity_of("model=mlp", "trainer.max_epochs=3", "seed=7") != plain
     assert identity_of() != plain
-    # The experiment name and the first 10 hex digits of the SHA-1 of the sorted settings, as JSON.
+    # The experiment name and the first 10 hex digits of the SHA-1 of the sorted settings, as JSON,
+    # a float equal to an integer written as that integer.
     settings = run_settings(compose_train(["model=mlp", "trainer.max_epochs=3"], Path("run")))
     assert settings["trainer.max_epochs"] == 3 and settings["optimizer.lr"] == 0.003
     assert not any(key.split(".")[0] in ("hydra", "paths", "storage", "logger") for key in settings)
-    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    assert settings["trainer.overfit_batches"] == 0.0
+    as_numbers = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in settings.items()}
+    digest = hashlib.sha1(json.dumps(as_numbers, sort_keys=True).encode()).hexdigest()[:10]
     assert plain == f"{COMPOSED.experiment_name}-{digest}"
 
 

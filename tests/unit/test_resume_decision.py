@@ -4,6 +4,7 @@ decision on its own."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -368,6 +369,12 @@ CODE_B = {"fingerprint": "b" * 40, "files": {"project/module.py": "2", "configs/
 CODE_C = {"fingerprint": "c" * 40, "files": {"project/module.py": "3", "project/new.py": "1"}}
 
 
+def version_folder(storage: RunStorage, code: dict) -> str:
+    """The folder of a version of the run: 8 hex digits of its code's and settings' fingerprints."""
+    digest = hashlib.sha1(f"{code['fingerprint']} {code.get('settings')}".encode()).hexdigest()
+    return f"{storage.identity}-{digest[:8]}"
+
+
 def started_with(storage: RunStorage, code: dict, completed: bool) -> None:
     """A run's storage folder as a start with ``code`` leaves it: run.json, a checkpoint, and a
     completed summary.json when ``completed``."""
@@ -385,7 +392,7 @@ def warnings_of(caplog) -> list[str]:
 def test_a_run_completed_with_other_code_is_a_new_run_in_a_folder_of_its_own(storage):
     started_with(storage, CODE_A, completed=True)
     decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_B)
-    assert decision.identity == "default-0123456789-bbbbbbbb"
+    assert decision.identity == version_folder(storage, CODE_B)
     assert decision.point is None and decision.completed_summary is None  # trains from scratch
     # Another rank reaches the same folder.
     assert resume.decide("auto", storage, is_global_zero=False, code=CODE_B).identity == decision.identity
@@ -432,14 +439,14 @@ def test_an_unfinished_run_resumes_after_a_code_change_with_one_warning_naming_t
 
 def test_an_unfinished_later_version_resumes_after_another_code_change(storage, caplog):
     started_with(storage, CODE_A, completed=True)
-    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
+    second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")  # any version's folder
     started_with(second, CODE_B, completed=False)
     with caplog.at_level(logging.WARNING, logger="litlab"):
         decision = resume.decide("auto", storage, is_global_zero=True, code=CODE_C)
     assert decision.identity == second.identity and decision.point.global_step == 4
     (warning,) = warnings_of(caplog)
-    assert "(project/module.py, project/new.py (new), configs/model/cnn.yaml (removed))" in warning
-    assert not Path(storage.root, "default-0123456789-cccccccc").exists()
+    assert "(project/module.py, project/new.py (new)); it continues" in warning
+    assert not Path(storage.root, version_folder(storage, CODE_C)).exists()
     # It finishes with the new code: the same command with that code finds it completed.
     resume.record_start(second, decision, Path("run-dir"))
     second.write_text("summary.json", json.dumps({"status": "completed"}))
@@ -452,14 +459,14 @@ def test_resume_never_with_an_unfinished_other_version_starts_this_codes_own_fol
     second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
     started_with(second, CODE_B, completed=False)
     decision = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
-    assert decision.identity == "default-0123456789-cccccccc" and decision.point is None
+    assert decision.identity == version_folder(storage, CODE_C) and decision.point is None
     assert (Path(second.path) / "checkpoints" / "last.ckpt").is_file()  # left as it was
 
 
 def test_resume_never_after_a_code_change_starts_this_codes_run_afresh(storage):
     started_with(storage, CODE_A, completed=True)
     assert resume.decide("never", storage, is_global_zero=True, code=CODE_B).identity == (
-        "default-0123456789-bbbbbbbb"
+        version_folder(storage, CODE_B)
     )
     assert (Path(storage.path) / "summary.json").is_file()  # the other code's run is left alone
 
@@ -471,9 +478,42 @@ def test_resume_never_trains_this_codes_own_folder_on_every_rank(storage, tmp_pa
     second = RunStorage(storage.root, "default-0123456789-bbbbbbbb")
     started_with(second, CODE_C, completed=True)  # continued there with CODE_C, and finished
     first = resume.decide("never", storage, is_global_zero=True, code=CODE_C)
-    assert first.identity == "default-0123456789-cccccccc"
+    assert first.identity == version_folder(storage, CODE_C)
     first.folder.prepare()  # what rank 0's start does (lifecycle.prepare_run)
     resume.continue_tensorboard(first, None, first.folder)
     resume.record_start(first.folder, first, tmp_path / "run")
     assert resume.decide("never", storage, is_global_zero=False, code=CODE_C).identity == first.identity
     assert (Path(second.path) / "summary.json").is_file()  # left as it was
+
+
+# --- other settings under a name the user chose (run_name): settings fingerprints, as prepare_run passes them
+
+
+def with_settings(code: dict, settings: str) -> dict:
+    return {**code, "settings": settings * 40, "spelled": settings * 40}
+
+
+def test_a_run_completed_with_other_settings_is_a_new_run_in_a_folder_of_its_own(storage):
+    """``run_name=exp trainer.max_epochs=1``, then ``... trainer.max_epochs=3``: the run of one epoch
+    is not that command's result. Each settings' run completes once; the same settings find it."""
+    one_epoch, three_epochs = with_settings(CODE_A, "1"), with_settings(CODE_A, "3")
+    started_with(storage, one_epoch, completed=True)
+    decision = resume.decide("auto", storage, is_global_zero=True, code=three_epochs)
+    assert decision.identity.startswith(f"{storage.identity}-") and decision.completed_summary is None
+    assert decision.point is None  # trains from scratch
+    started_with(RunStorage(storage.root, decision.identity), three_epochs, completed=True)
+    again = resume.decide("auto", storage, is_global_zero=True, code=three_epochs)
+    assert again.identity == decision.identity and again.completed_summary is not None
+    back = resume.decide("auto", storage, is_global_zero=True, code=one_epoch)
+    assert back.identity is None and back.completed_summary is not None
+    other = resume.find("auto", storage, with_settings(CODE_A, "5"))
+    assert other.completed_summary is None and other.identity not in (None, decision.identity)
+    # Other code with the same settings is a version of its own too.
+    assert resume.find("auto", storage, with_settings(CODE_B, "1")).identity not in (None, decision.identity)
+
+
+def test_an_unfinished_run_resumes_after_a_settings_change_with_the_change_marked(storage):
+    started_with(storage, with_settings(CODE_A, "1"), completed=False)
+    decision = resume.decide("auto", storage, is_global_zero=True, code=with_settings(CODE_A, "3"))
+    assert decision.identity is None and decision.point.global_step == 4
+    assert decision.resumed_across == ["settings 11111111→33333333"]

@@ -235,14 +235,14 @@ def test_relative_imports_resolve_against_the_package():
     import ast
 
     (statement,) = ast.parse("from ..x import y").body
-    assert signatures._imported_module("a.b.c", False, statement) == "a.x"
-    assert signatures._imported_module("a.b", True, statement) == "a.x"
+    assert signatures.imported_module("a.b.c", False, statement) == "a.x"
+    assert signatures.imported_module("a.b", True, statement) == "a.x"
     (statement,) = ast.parse("from . import y").body
-    assert signatures._imported_module("a.b", False, statement) == "a"
+    assert signatures.imported_module("a.b", False, statement) == "a"
     (statement,) = ast.parse("from ... import y").body
-    assert signatures._imported_module("a.b", False, statement) is None
+    assert signatures.imported_module("a.b", False, statement) is None
     (statement,) = ast.parse("from x.y import z").body
-    assert signatures._imported_module("a.b", False, statement) == "x.y"
+    assert signatures.imported_module("a.b", False, statement) == "x.y"
 
 
 # --- check: which nodes, which keys, and where the message says the key was written -----------

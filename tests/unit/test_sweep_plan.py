@@ -114,6 +114,13 @@ def test_jobs_that_train_the_same_run_run_once_and_the_record_says_which(tmp_pat
     ]
 
 
+def test_one_value_spelled_two_ways_is_one_job(tmp_path):
+    sweeper = grid(tmp_path)
+    sweeper.sweep(["model=mlp", "optimizer.weight_decay=0,0.0,1e-2,0.01"])
+    (zero, hundredth) = [job[1].partition("=")[2] for job in sweeper.launcher.jobs]
+    assert float(zero) == 0 and float(hundredth) == 0.01
+
+
 def test_a_value_that_does_not_compose_is_one_line_and_leaves_no_sweep_folder(tmp_path, capsys):
     sweeper = grid(tmp_path)
     line = refusal(sweeper, ["precision=fp32,fp61"], capsys)

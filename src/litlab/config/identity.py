@@ -8,8 +8,9 @@ reads a few files.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.config import signatures
 from litlab.config.redact import REDACTED, is_credential_key
 from litlab.storage import resume
 from litlab.storage.roots import RunStorage, storage_options
@@ -88,23 +90,41 @@ def _resolves_to_a_setting(node: Any) -> bool:
     )
 
 
-def settings_fingerprint(settings: dict[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+def settings_fingerprint(settings: dict[str, Any], spelled: bool = False) -> str:
+    """The SHA-1 of the settings as JSON, a float equal to an integer as that integer (``0`` and
+    ``0.0`` are one setting); ``spelled``: apart, as litlab hashed them until 2026-12."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    if not spelled:
+        whole = json.loads(text, parse_float=lambda s: int(f) if (f := float(s)).is_integer() else f)
+        text = json.dumps(whole)
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
-def run_identity(cfg: DictConfig, settings: dict[str, Any] | None = None) -> str:
+def run_identity(cfg: DictConfig, settings: dict[str, Any] | None = None, spelled: bool = False) -> str:
     """``run_name``, or the experiment name plus a hash of the run's settings (``run_settings``, or
     ``settings`` where the caller has them): two commands that train the same are one run, two that
-    train differently never are."""
+    train differently never are. ``spelled``: the identity litlab gave the run until 2026-12."""
     if cfg.run_name:
         return str(cfg.run_name)
-    return f"{cfg.experiment_name}-{settings_fingerprint(settings or run_settings(cfg))[:10]}"
+    return f"{cfg.experiment_name}-{settings_fingerprint(settings or run_settings(cfg), spelled)[:10]}"
+
+
+def start_record(cfg: DictConfig, hydra_cfg: DictConfig, settings: dict[str, Any]) -> dict[str, Any]:
+    """What the resume decision compares a stored run with, and a start records in run.json: the
+    version of the user's code (``CodeVersion.record``), the settings' fingerprint, also as
+    ``spelled``, and the identity litlab gave the run until 2026-12 (``earlier``)."""
+    return {
+        **code_version(cfg, hydra_cfg).record(),
+        "settings": settings_fingerprint(settings),
+        "spelled": settings_fingerprint(settings, spelled=True),
+        "earlier": run_identity(cfg, settings, spelled=True),
+    }
 
 
 def run_folder(cfg: DictConfig) -> str:
     """The name of the run's folder, under ``<log dir>/<task>/runs/`` and under the storage root: its
-    identity, or, once that run completed with other code, this code's version of it (``found_in_storage``,
-    kept for the start's resume decision). ``cfg`` holds Hydra's node.
+    identity, or where ``found_in_storage`` finds the run (kept for the start's resume decision): its
+    earlier name, or the version of this code and settings. ``cfg`` holds Hydra's node.
 
     Every rank, every restart and every requeue of one command computes the same name from the
     command and the storage, so ranks need not agree on it and a requeued job finds its folder.
@@ -124,12 +144,12 @@ def found_in_storage(
 ) -> resume.Decision | None:
     """The resume decision's read-only half (``litlab.storage.resume.find``) for the run ``cfg``
     (``identity``: ``run_identity(cfg)``) composed as ``hydra_cfg`` says: its storage folder for the
-    user's code as it is now, and the summary of a run that completed there; None for a debug run
-    (``trainer.fast_dev_run``), which always starts fresh in the identity's folder."""
+    code and settings as they are now, and the summary of a run that completed there; None for a
+    debug run (``trainer.fast_dev_run``), which always starts fresh in the identity's folder."""
     if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
         return None
     storage = RunStorage(str(cfg.storage.root), identity, storage_options(cfg.storage))
-    return resume.find(str(cfg.resume), storage, code_version(cfg, hydra_cfg).record(), keep=keep)
+    return resume.find(str(cfg.resume), storage, start_record(cfg, hydra_cfg, run_settings(cfg)), keep=keep)
 
 
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
@@ -140,9 +160,9 @@ ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (d
 
 @dataclass(frozen=True)
 class CodeVersion:
-    """Content hashes of the user's code that composed a run: the packages its ``_target_``s live in
-    (not installed ones, not the engine) and the config files Hydra chose, by name
-    (``project/vision/module.py``, ``configs/model/cnn.yaml``)."""
+    """Content hashes of the user's code that composed a run: the modules of its ``_target_``s and
+    what they import from the user's packages (not installed ones, not the engine), and the config
+    files Hydra chose, by name (``project/vision/module.py``, ``configs/model/cnn.yaml``)."""
 
     files: dict[str, str]
 
@@ -158,12 +178,7 @@ class CodeVersion:
 
 def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> CodeVersion:
     """The user's code as it is now, for the config ``cfg`` that Hydra composed as ``hydra_cfg`` says."""
-    files: dict[str, str] = {}
-    for package in sorted(_user_packages(cfg)):
-        for name, path in _package_files(package):
-            files[name] = _file_hash(path)
-    for name, path in _config_files(hydra_cfg):
-        files[name] = _file_hash(path)
+    files = {name: _file_hash(path) for name, path in [*_code_files(cfg), *_config_files(hydra_cfg)]}
     return CodeVersion(files)
 
 
@@ -183,34 +198,41 @@ def _targets(node: Any) -> Iterator[str]:
             yield from _targets(value)
 
 
-def _user_packages(cfg: DictConfig) -> set[str]:
-    """Top-level names of the modules the ``_target_``s live in, but the engine's."""
+def _code_files(cfg: DictConfig) -> list[tuple[str, Path]]:
+    """The user's modules the ``_target_``s name and every user module they import, at any depth, with
+    each package's ``__init__.py``: read (``ast``), not imported, so a file no part of the run imports
+    (another task's) is not its code. Named from the top-level package (``project/vision/module.py``)."""
     container = OmegaConf.to_container(cfg, resolve=False)
     container.pop("hydra", None)  # a config composed with Hydra's own node (tests): not the task's
-    tops = {t.split(".", 1)[0] for t in _targets(container) if not t.startswith("${")}
-    return {top for top in tops if top and top != ENGINE_PACKAGE and top.isidentifier()}
+    pending = [target for target in _targets(container) if not target.startswith("${")]
+    roots: dict[str, Path | None] = {}
+    files: dict[str, Path] = {}
+    seen: set[str] = set()
+    while pending:
+        module = pending.pop()
+        top = module.partition(".")[0]
+        if top not in roots:  # its folder (or a module's file) where it is the user's: not installed
+            found = signatures.module_file(top) if top != ENGINE_PACKAGE else None
+            users = found is not None and not _installed(found)
+            roots[top] = (found.parent if found.name == "__init__.py" else found) if users else None
+        if module in seen or (root := roots[top]) is None:
+            continue
+        seen.add(module)
+        pending += [module.rpartition(".")[0]] if "." in module else []  # its package's __init__.py runs
+        path = signatures.module_file(module)  # None for a name in a module (project.vision.module.Net)
+        if path is None:
+            continue
+        files[f"{top}/{path.relative_to(root).as_posix()}" if root.is_dir() else root.name] = path
+        for node in ast.walk(signatures.parsed(path)):
+            if isinstance(node, ast.Import):
+                pending += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = signatures.imported_module(module, path.name == "__init__.py", node)
+                pending += [base, *(f"{base}.{alias.name}" for alias in node.names)] if base else []
+    return sorted(files.items())
 
 
-def _package_files(top: str) -> list[tuple[str, Path]]:
-    """The ``.py`` files of a top-level package or module that is not installed (nor the standard
-    library), named from the package (``project/vision/module.py``). ``find_spec`` of a top-level
-    name imports nothing."""
-    spec = _spec(top)
-    if spec is None:
-        return []
-    if spec.submodule_search_locations:
-        found = []
-        for location in spec.submodule_search_locations:
-            folder = Path(location)
-            if folder.is_dir() and not _installed(folder):
-                found += [(f"{top}/{p.relative_to(folder).as_posix()}", p) for p in folder.rglob("*.py")]
-        return sorted(found)
-    origin = Path(spec.origin) if spec.origin and spec.has_location else None
-    if origin is None or not origin.is_file() or _installed(origin):
-        return []
-    return [(origin.name, origin)]
-
-
+@functools.cache  # sysconfig's and site's folders: fixed for the process
 def _installed_roots() -> list[Path]:
     paths = sysconfig.get_paths()
     roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
@@ -276,15 +298,5 @@ def _source_folder(path: str, schema: str) -> tuple[Path | None, bool]:
 
 
 def _package_folder(top: str, inner: list[str]) -> Path | None:
-    spec = _spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(spec.submodule_search_locations[0]).joinpath(*inner)
-
-
-def _spec(top: str) -> Any:
-    """The import spec of a top-level name (importlib.machinery.ModuleSpec), found without importing it."""
-    try:
-        return importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
+    init = signatures.module_file(top)
+    return init.parent.joinpath(*inner) if init and init.name == "__init__.py" else None

@@ -330,9 +330,8 @@ def _from_import(module: str, name: str) -> Signature | None:
     return Signature(names, any(p.kind is p.VAR_KEYWORD for p in parameters))
 
 
-@functools.cache
-def _module_tree(module: str) -> tuple[ast.Module, bool] | None:
-    """The parsed source of ``module`` and whether it is a package, found without importing it."""
+def module_file(module: str) -> Path | None:
+    """The source file of ``module`` (a package's ``__init__.py``), found without importing it."""
     parts = module.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not executed
@@ -352,12 +351,22 @@ def _module_tree(module: str) -> tuple[ast.Module, bool] | None:
                 break
         else:
             return None
-    if origin.suffix != ".py":
-        return None
+    return origin if origin.suffix == ".py" else None
+
+
+def parsed(path: Path) -> ast.Module:
+    """The module's syntax tree; an empty one where it cannot be read or parsed."""
     try:
-        return ast.parse(origin.read_text(encoding="utf-8")), origin.name == "__init__.py"
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return None
+        return ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ast.Module(body=[], type_ignores=[])
+
+
+@functools.cache
+def _module_tree(module: str) -> tuple[ast.Module, bool] | None:
+    """The parsed source of ``module`` and whether it is a package, found without importing it."""
+    origin = module_file(module)
+    return (parsed(origin), origin.name == "__init__.py") if origin else None
 
 
 def _top_level(tree: ast.Module) -> list[ast.stmt]:
@@ -392,7 +401,7 @@ def _definition(module: str, name: str, depth: int) -> Definition | None:
         if isinstance(statement, ast.ImportFrom):
             for alias in statement.names:
                 if (alias.asname or alias.name) == name:
-                    source = _imported_module(module, is_package, statement)
+                    source = imported_module(module, is_package, statement)
                     return _definition(source, alias.name, depth + 1) if source else None
     return None
 
@@ -406,7 +415,8 @@ def _from_source(module: str, name: str, depth: int) -> Signature | None:
     return None if found[0].decorator_list else _arguments(found[0].args, skip_first=False)
 
 
-def _imported_module(module: str, is_package: bool, statement: ast.ImportFrom) -> str | None:
+def imported_module(module: str, is_package: bool, statement: ast.ImportFrom) -> str | None:
+    """The absolute name of the module a ``from ... import`` statement of ``module`` reads."""
     if not statement.level:
         return statement.module
     package = module.split(".") if is_package else module.split(".")[:-1]
@@ -457,7 +467,7 @@ def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth
                     continue
                 if isinstance(statement, ast.Import):
                     return _definition(imported.name, base.attr, depth + 1)
-                source = _imported_module(module, is_package, statement)
+                source = imported_module(module, is_package, statement)
                 return _definition(f"{source}.{imported.name}", base.attr, depth + 1) if source else None
     return None
 

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
-from litlab.config.identity import code_version, run_identity, run_settings, settings_fingerprint
+from litlab.config.identity import run_identity, run_settings, start_record
 from litlab.config.redact import redact, redact_hydra_record, typed_overrides
 from litlab.config.rules import BatchSizes
 from litlab.errors import EXIT_PREEMPTED
@@ -180,19 +180,19 @@ def prepare_run(cfg: DictConfig) -> Run:
     if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
         run.lock = RunLock(storage)
         run.lock.acquire()
-    code = code_version(cfg, HydraConfig.get())
-    run.extra["code_fingerprint"] = code.fingerprint
+    code = start_record(cfg, HydraConfig.get(), settings)
+    run.extra["code_fingerprint"] = code["fingerprint"]
     run.extra["settings"] = settings
     run.resume = resume.decide(
         str(cfg.resume),
         storage,
         is_global_zero=run.is_global_zero,
         debug_run=bool(cfg.trainer.get("fast_dev_run")),  # a key the YAML leaves out: Lightning's default
-        code={**code.record(), "settings": settings_fingerprint(settings)},
+        code=code,
     )
     storage = run.storage = run.resume.folder  # the identity's, or this code's version of it
-    if run.resume.identity is not None:  # the run completed with other code: this code is a new run
-        log.info("run %s completed with other code; this start is run %s", identity, run.resume.identity)
+    if run.resume.identity is not None:  # its earlier name, or a version of its own (resume.find)
+        log.info("run %s %s; this start is run %s", identity, run.resume.why, run.resume.identity)
         identity = run.identity = run.resume.identity
     if run.completed:
         log.warning(resume.completed_message(storage, run.resume.completed_summary))

@@ -103,6 +103,11 @@ class EpochCheckpoint(ModelCheckpoint):
             return
         super().on_train_batch_end(trainer, pl_module, *args)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores best_model_path from another run's folder too, and deletes it at its first save.
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+
     @functools.cached_property
     def state_key(self) -> str:
         # Lightning formats it at every hook it hands over; it names settings fixed at construction.

@@ -1,15 +1,16 @@
 """The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
 
 ``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``, reading storage
-once per start: a completed run is not trained again (a run completed with other code gets a folder
-of its own, ``<identity>-<fingerprint[:8]>``); an unfinished one continues from its newest checkpoint
-that loads, whatever changed, with a warning. ``find`` is its read-only first half (the folder and
+once per start: a completed run is not trained again (one completed with other code or settings
+gets a folder of its own, ``<identity>-<version[:8]>``); an unfinished one continues from its newest
+checkpoint that loads, whatever changed, with a warning. ``find`` is its read-only first half (the folder and
 the completed summary), which names the run's folder and the pool's check before a job starts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import re
@@ -45,7 +46,8 @@ class Decision:
     completed_summary: dict[str, Any] | None = None  # the stored summary of a run that already finished
     resumed_count: int = 0
     tensorboard_dir: Path | None = None  # where a resumed run's TensorBoard logger continues
-    identity: str | None = None  # the storage folder of another version of the code than the first
+    identity: str | None = None  # the storage folder, where not the identity's own: see ``find``
+    why: str | None = None  # why the run is stored there, for its log
     code: dict[str, Any] | None = field(default=None, compare=False)  # this start's, run.json records it
     resumed_across: list[str] = field(default_factory=list)  # "code a→b": trained partly under each
     folder: RunStorage | None = field(default=None, compare=False, repr=False)  # where the run is stored
@@ -73,18 +75,19 @@ _KEPT: dict[tuple[str, str, str | None], Decision] = {}
 
 def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, keep: bool = False) -> Decision:
     """The decision as the stored records make it, read-only, before any checkpoint is loaded: the
-    folder for this code (``Decision.folder``, ``.identity``) and, for ``resume=auto``, the summary
-    of a run that completed there. ``keep``: kept (or the kept one reused) for this start's
-    ``decide``, which takes it: a start reads the records once.
+    folder for this code and settings (``Decision.folder``, ``.identity``) and, for ``resume=auto``,
+    the summary of a run that completed there. ``keep``: kept (or the kept one reused) for this
+    start's ``decide``, which takes it: a start reads the records once.
 
-    The folder is the identity's own while it is empty, unfinished (a preempted or crashed run
-    continues whatever changed: a Slurm requeue never starts over), or completed with this code (or
-    before litlab recorded code). Once it completed with other code, a folder of a later version: the
-    one named for this code (always with ``resume=never``: what it sets aside never changes which
-    folder another rank finds) or else one that completed with this code, or else the newest
+    The folder is the identity's own (while empty, the ``earlier`` one of ``code`` where that holds
+    the run, but with ``resume=never``) while it is empty, unfinished (a preempted or crashed run
+    continues whatever changed: a Slurm requeue never starts over), or completed with this code and
+    settings (or before litlab recorded them). Once it completed otherwise, a folder of a later
+    version: the one named for these (always with ``resume=never``: what it sets aside never changes
+    which folder another rank finds) or else one that completed with them, or else the newest
     unfinished one, as the identity's own would be.
     """
-    key = (storage.url, mode, code["fingerprint"] if code else None)
+    key = (storage.url, mode, code and code["fingerprint"], code and code.get("settings"))
     found = _KEPT.get(key) if keep else _KEPT.pop(key, None)
     if found is None:
         found = _find(mode, storage, code)
@@ -95,20 +98,27 @@ def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, kee
 
 
 def _find(mode: str, storage: RunStorage, code: dict[str, Any] | None) -> Decision:
+    own, why, earlier = storage, None, (code or {}).get("earlier")
+    if earlier not in (None, storage.identity) and mode != NEVER and not storage.has_files():
+        stored = RunStorage(storage.root, earlier, storage.options)
+        storage, why = (stored, "is stored under its earlier name") if stored.has_files() else (storage, None)
     folder, summary, record = storage, _read_json(storage, "summary.json"), _read_json(storage, RECORD)
-    if code is not None and _completed(summary) and _recorded_code(record) not in (None, code["fingerprint"]):
-        folder = RunStorage(storage.root, f"{storage.identity}-{code['fingerprint'][:8]}", storage.options)
+    if code is not None and _completed(summary) and not _trained_the_same(record, code):
+        version = hashlib.sha1(f"{code['fingerprint']} {code.get('settings')}".encode()).hexdigest()
+        folder = RunStorage(storage.root, f"{storage.identity}-{version[:8]}", storage.options)
+        why = "completed with other code or settings"
         if mode != NEVER and not folder.has_files():
             completed, unfinished = _later_versions(storage)
-            with_this_code = [f for f, _, r in completed if _recorded_code(r) == code["fingerprint"]]
-            if with_this_code:  # an unfinished version that continued with this code, and finished
-                folder = with_this_code[0]
+            with_these = [f for f, _, r in completed if _trained_the_same(r, code)]
+            if with_these:  # an unfinished version that continued with this code and settings, and finished
+                folder = with_these[0]
             elif unfinished:
                 folder = unfinished[0][0]
         summary, record = _read_json(folder, "summary.json"), _read_json(folder, RECORD)
     return Decision(
         completed_summary=summary if mode == AUTO and _completed(summary) else None,
-        identity=folder.identity if folder is not storage else None,
+        identity=folder.identity if folder is not own else None,
+        why=why,
         code=code,
         folder=folder,
         record=record,
@@ -124,10 +134,10 @@ def decide(
 ) -> Decision:
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
 
-    ``code`` is the user's code as it is now (``litlab.config.identity.CodeVersion.record``): with it,
-    the decision is made in that code's storage folder (``find``). A ``debug_run``
-    (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it always starts
-    fresh, so it can be repeated.
+    ``code`` is the user's code and settings as they are now (``litlab.config.identity.start_record``):
+    with it, the decision is made in the storage folder of that code and settings (``find``). A
+    ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
+    always starts fresh, so it can be repeated.
 
     Every rank decides for itself, from the same config and storage, and reaches rank 0's decision
     whoever launched it (Lightning, torchrun, Slurm): only global rank 0 changes storage here, and
@@ -139,7 +149,6 @@ def decide(
     if debug_run:
         return Decision(code=code, folder=storage)
     decision = find(mode, storage, code)
-    decision.code = code  # with the settings' fingerprint, which naming the run folder did not need
     folder, record = decision.folder, decision.record
     assert folder is not None
     if mode == NEVER:
@@ -199,6 +208,10 @@ def _resuming(decision: Decision, point: ResumePoint, is_global_zero: bool) -> D
     decision.point, decision.resumed_count = point, resumed_before + 1
     recorded = record.get("tensorboard_dir")
     decision.tensorboard_dir = Path(recorded) if recorded else None
+    recorded, code = record.get("code"), decision.code
+    if code and isinstance(recorded, dict) and _trained_the_same(record, code):
+        # Its recorded fingerprints: litlab computed them otherwise until 2026-12, no change of the run's.
+        decision.code = {**code, **{key: value for key, value in recorded.items() if value and key in code}}
     # What changed between the starts that trained the run (since it last started fresh) and this
     # one: ["code 8373778d→c6928336"], ["settings 1a2b3c4d→5e6f7a8b"] (a fixed run_name).
     starts = [*(record.get("starts") or []), _fingerprints(decision.code)]
@@ -243,20 +256,22 @@ def _later_versions(storage: RunStorage) -> tuple[list[tuple], list[tuple]]:
     return completed, sorted(unfinished, key=last_start, reverse=True)
 
 
-def _recorded_code(record: dict[str, Any]) -> str | None:
-    code = record.get("code")
-    return code.get("fingerprint") if isinstance(code, dict) else None
+def _trained_the_same(record: dict[str, Any], code: dict[str, Any]) -> bool:
+    """Whether the run's last start (its run.json) trained this code and these settings; what it
+    did not record (older litlab) counts as the same."""
+    recorded = record.get("code") if isinstance(record.get("code"), dict) else {}
+    settings = (code.get("settings"), code.get("spelled"))
+    return not _changed_since(record, code) and recorded.get("settings") in (None, *settings)
 
 
 def _changed_since(record: dict[str, Any], code: dict[str, Any] | None) -> list[str]:
-    """The files that changed since the run's last start recorded its code (none if either is unknown)."""
+    """The files of this code that changed since the run's last start recorded its code, or are new
+    (none if either is unknown): a file the run no longer uses changed what imported it."""
     recorded = record.get("code")
     if code is None or not isinstance(recorded, dict) or recorded.get("fingerprint") == code["fingerprint"]:
         return []
-    before, now = recorded.get("files") or {}, code["files"]
-    changed = [n for n in sorted(before.keys() & now.keys()) if before[n] != now[n]]
-    changed += [f"{n} (new)" for n in sorted(now.keys() - before.keys())]
-    return changed + [f"{n} (removed)" for n in sorted(before.keys() - now.keys())]
+    before, now = recorded.get("files") or {}, sorted(code["files"].items())
+    return [name if name in before else f"{name} (new)" for name, digest in now if before.get(name) != digest]
 
 
 def completed_message(storage: RunStorage, summary: dict[str, Any]) -> str:
