@@ -87,7 +87,7 @@ CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 image: ## Build the container image IMAGE (litlab): docker, or podman where no Docker daemon runs
 	$(CONTAINER) build $(if $(BASE),--from $(BASE)) $(IMAGE_BUILD_FLAGS) -t $(IMAGE) .
 
-test-image: $(SETUP) ## Build the image with podman on Debian, train, kill and resume in it (not in make test)
+test-image: $(SETUP) ## Build the image (podman, Debian base), train, kill and resume in it (~10 min cold, 1-3 warm; not in make test)
 	$(PYTHON) -m pytest -n 0 tests/container_image.py $(ARGS)
 
 rename: ## Rename the template for your fork: make rename NAME=myproject

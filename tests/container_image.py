@@ -4,9 +4,10 @@ Not collected by ``make test`` (the file's name is not ``test_*.py``): a build i
 the image, minutes of work. It builds the Dockerfile through ``make image`` on a Debian bookworm base
 made here from Debian's packages (``nvidia/cuda`` cannot be pulled on a test machine), then trains in
 it as its non-root user with a read-only root filesystem, kills it, starts it again and checks that
-it resumed. The build's pip reads a wheel folder that this machine's pip fills first: torch comes
-from the machine's package index or pip's cache where they have it, from PyPI otherwise, and the
-build itself needs no network access for Python packages. Skipped only where podman cannot run.
+it resumed. The build's pip reads a wheel folder that this machine's pip fills first, with its own
+settings (torch from the machine's package index where it has one, PyPI otherwise; its constraints
+and CA bundle): the build itself reaches no package index. Skipped only where podman cannot run.
+Times and sizes measured here: docs/cloud.md, section 2.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ BASE = "localhost/debian:bookworm-min"
 BASE_PYTHON = (3, 11)  # bookworm's python3, which the Dockerfile installs
 IMAGE = "localhost/litlab-test"
 APP = "/home/litlab/app"  # the image's WORKDIR; logs/ in it is the volume
-# A cold build (empty caches, torch from PyPI, the Debian base made first) took 10 min here; warm, 6.
+# Nothing cached (the Debian base made, torch from PyPI): 10 min here (docs/cloud.md); warm: 1 to 2.5.
 COLD_LIMIT_S = 25 * 60
 TRAIN = [
     "model=mlp",
