@@ -5,7 +5,8 @@
 # Arguments after the image name are litlab-train overrides, or a litlab command (litlab-eval,
 # litlab-predict, litlab-compare) and its arguments. Checkpoints persist wherever storage.root points
 # (a mounted volume, s3://...); see docs/cloud.md. RUN --mount needs BuildKit (Docker 23+) or podman.
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+# Fully qualified: podman resolves no short names where no search registries are configured.
+FROM docker.io/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
 # MPLCONFIGDIR: matplotlib needs a writable folder for its font cache; /tmp keeps it out of the
 # image's layers and works with a read-only root filesystem (docker run --read-only --tmpfs /tmp).
