@@ -13,7 +13,7 @@ WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 ))
 PYTEST := $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard
+.PHONY: help setup train test test-fast coverage mutation bench lint format clean rename tensorboard image test-image
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -77,6 +77,18 @@ lint: $(SETUP) ## ruff check, ruff format --check, and the engine's layers (lint
 format: $(SETUP) ## Format and auto-fix with ruff
 	$(VENV)/bin/ruff format src tests scripts benchmarks
 	$(VENV)/bin/ruff check --fix src tests scripts benchmarks
+
+# The container image (Dockerfile). CONTAINER: docker where its daemon answers, else podman (on some
+# machines podman needs CONTAINER='podman --runtime runc', docs/cloud.md). BASE=<image> builds on another
+# base than the Dockerfile's (podman's --from); IMAGE_BUILD_FLAGS are added to the build command.
+IMAGE ?= litlab
+CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+
+image: ## Build the container image IMAGE (litlab): docker, or podman where no Docker daemon runs
+	$(CONTAINER) build $(if $(BASE),--from $(BASE)) $(IMAGE_BUILD_FLAGS) -t $(IMAGE) .
+
+test-image: $(SETUP) ## Build the image (podman, Debian base), train, kill and resume in it (~10 min cold, 1-3 warm; not in make test)
+	$(PYTHON) -m pytest -n 0 tests/container_image.py $(ARGS)
 
 rename: ## Rename the template for your fork: make rename NAME=myproject
 	python3 scripts/rename.py '$(NAME)'
