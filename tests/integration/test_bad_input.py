@@ -208,8 +208,7 @@ def write_checkpoint_of_another_model(log_dir: Path, path: Path) -> Path:
     return path
 
 
-ERROR_PREFIX = {"litlab-train": "litlab: error: ", "litlab-eval": "litlab: error: "}
-ERROR_PREFIX["litlab-compare"] = "litlab-compare: error: "
+ERROR_PREFIX = dict.fromkeys(["litlab-train", "litlab-eval", "litlab-compare"], "litlab: error: ")
 
 
 PREFLIGHT_ROWS = [name for name, case in CASES.items() if case.before_torch]

@@ -20,6 +20,7 @@ from optuna.trial import TrialState, create_trial
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch import search
+from litlab.launch.multirun import JobPlan
 from litlab.launch.search import (
     TRIAL_ENV,
     UNUSED_ATTR,
@@ -151,6 +152,15 @@ def test_n_trials_counts_completed_pruned_and_failed_trials_that_are_not_retried
 # --- whole searches, in-process ------------------------------------------------------------------
 
 
+def record(sweep_dir: Path, job_idx: int, summary: dict, overrides: list[str]) -> None:
+    """What a launcher leaves for the sweeper: the job's entry in the sweep's record (and summary.json)."""
+    (sweep_dir / str(job_idx) / "summary.json").write_text(json.dumps(summary))
+    run_dir = sweep_dir / str(job_idx)
+    sweep_record.write_job(
+        sweep_dir, job_idx, sweep_record.TRAINED, summary, run_dir=run_dir, overrides=overrides
+    )
+
+
 class FunctionPool:
     """A launcher with ``run_queue`` whose jobs are a function of their overrides: it asks for up to
     ``slots`` jobs, then ends them one at a time (oldest first), writing each job's summary.json."""
@@ -181,7 +191,7 @@ class FunctionPool:
             summary = self.job(
                 dict(o.split("=", 1) for o in queued.overrides), json.loads(queued.env[TRIAL_ENV])
             )
-            (job_dir / "summary.json").write_text(json.dumps(summary))
+            record(self.sweep_dir, idx, summary, queued.overrides)
             result = JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED)
             result.return_value = (summary.get("metrics") or {}).get("val/acc")
             on_done(idx, result)
@@ -201,7 +211,8 @@ def searcher(
     )
     settings = {"params": SPACE, "n_trials": 4, "sampler": {"name": "random", "seed": 0}, **settings}
     sweeper = OptunaSearch(**settings)
-    sweeper.check_composes = lambda overrides: None  # no Hydra config loader here
+    # No Hydra config loader here: the trials' plans record nothing.
+    sweeper.check_composes = lambda overrides: JobPlan(0, overrides, tmp_path, None, None)
     sweeper.config = cfg
     sweeper.launcher = FunctionPool(tmp_path / sweep, job, slots)
     return sweeper, sweeper.launcher
@@ -493,7 +504,7 @@ class FunctionLauncher:
             job_dir = self.sweep_dir / str(initial_job_idx + offset)
             job_dir.mkdir(parents=True)
             params = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
-            (job_dir / "summary.json").write_text(json.dumps(completed(params, None)))
+            record(self.sweep_dir, initial_job_idx + offset, completed(params, None), overrides)
             returns.append(JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED))
         return returns
 

@@ -8,7 +8,7 @@ was handed: what is under test is what reaches the launcher, and what the sweep 
 
 from __future__ import annotations
 
-import json
+import atexit
 from pathlib import Path
 
 import pytest
@@ -16,10 +16,14 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import HydraContext, RunMode
+from omegaconf import OmegaConf
 
 from litlab.config import resolvers, schema
 from litlab.config.preflight import CONFIG_DIR
 from litlab.launch.grid import GridSweeper
+from litlab.report.callback import SweepReport
+from litlab.report.collect import collect_runs
+from litlab.report.compare import build_report
 from litlab.run import sweep_record
 
 
@@ -121,25 +125,59 @@ def test_a_value_that_does_not_compose_is_one_line_and_leaves_no_sweep_folder(tm
     assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
 
 
-def test_a_sweep_folder_holds_one_sweep_the_same_sweep_again_starts_its_record_afresh(tmp_path, capsys):
-    first = grid(tmp_path)
-    first.sweep(["model=mlp", "precision=fp32,bf16"])
-    sweep_dir = tmp_path / "sweep"
-    # What the jobs leave: a record entry each, a link to a run folder, a refused job's own folder.
-    (sweep_dir / "0").symlink_to(tmp_path, target_is_directory=True)
-    (sweep_dir / "1").mkdir()
-    (sweep_dir / ".jobs" / "0.json").write_text(json.dumps({"job_num": 0, "summary": {}}))
+def test_every_planned_job_is_in_the_record_before_the_first_starts(tmp_path):
+    """A sweep killed after its first job used to report one run: the record held only jobs that ended."""
+    sweeper = grid(tmp_path)
+    sweeper.sweep(["model=mlp", "precision=fp32,bf16,fp16"])
+    entries, _ = sweep_record.read(tmp_path / "sweep")
+    plans = sweeper.plan(["model=mlp", "precision=fp32,bf16,fp16"])
+    assert [(e["outcome"], e["summary"]["status"]) for e in entries] == [("planned", "not started")] * 3
+    assert [e["summary"]["run_name"] for e in entries] == [plan.identity for plan in plans]
+    assert [e["summary"]["groups"]["precision"] for e in entries] == ["fp32", "bf16", "fp16"]
+    report = build_report(collect_runs([tmp_path / "sweep"]))
+    assert [row["status"] for row in report.rows] == ["not started"] * 3 and report.run_count == 3
 
-    other = grid(tmp_path)
+
+def test_a_sweep_folder_holds_one_sweep_and_the_same_sweep_again_keeps_its_record_and_files(
+    tmp_path, capsys, monkeypatch
+):
+    """``hydra.sweep.subdir=${hydra.job.num}``, then the same command with ``hydra.sweep.dir=`` that
+    folder (to finish what was left) used to delete the job folders, train.log and TensorBoard logs
+    with them, and every earlier entry of the record."""
+    sweep_dir = tmp_path / "sweep"
+    first = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
+    first.sweep(["model=mlp", "precision=fp32,bf16"])
+    # What job 0 left: its folder in the sweep's (its run's), and its entry, completed.
+    (sweep_dir / "0" / "tensorboard").mkdir(parents=True)
+    (sweep_dir / "0" / "train.log").write_text("trained\n")
+    completed = {"status": "completed", "run_name": "a", "started_at": "2026-12-01T10:00:00"}
+    sweep_record.write_job(
+        sweep_dir, 0, sweep_record.TRAINED, completed, run_dir=sweep_dir / "0", overrides=[]
+    )
+    monkeypatch.setattr(sweep_record, "_STARTED", set())  # each command below is a process of its own
+
+    other = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
+    at_exit = SweepReport()
+    monkeypatch.setattr(atexit, "register", lambda *args: None)  # called below, as the process exits
+    at_exit.on_multirun_start(
+        OmegaConf.create({"task_name": "train", "hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    )
     line = refusal(other, ["trainer.accumulate_grad_batches=1,2"], capsys)
     assert f"hydra.sweep.dir={sweep_dir} holds another sweep (model=mlp precision=fp32,bf16)" in line
-    assert other.launcher.jobs == [] and (sweep_dir / ".jobs" / "0.json").is_file()  # left as it was
+    at_exit._report_at_exit(sweep_dir)  # what runs as the refused process exits: no report of the other sweep
+    assert other.launcher.jobs == [] and not (sweep_dir / "report.md").exists()
 
-    again = grid(tmp_path)
+    again = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
     again.sweep(["model=mlp", "precision=fp32,bf16"])
     assert len(again.launcher.jobs) == 2
-    assert sweep_record.read(sweep_dir)[0] == []  # the earlier start's entries are gone, not mixed in
-    assert not (sweep_dir / "0").exists() and not (sweep_dir / "1").exists()
+    entries, _ = sweep_record.read(sweep_dir)
+    assert [(e["outcome"], e["summary"]["status"]) for e in entries] == [
+        ("trained", "completed"),  # kept until this attempt's job 0 replaces it
+        ("planned", "not started"),
+    ]
+    assert (sweep_dir / "0" / "train.log").read_text() == "trained\n" and (
+        sweep_dir / "0" / "tensorboard"
+    ).is_dir()
 
 
 def test_the_fixed_values_of_a_users_sweep_file_are_part_of_each_runs_identity(tmp_path):
@@ -163,7 +201,7 @@ def test_the_fixed_values_of_a_users_sweep_file_are_part_of_each_runs_identity(t
 
 
 def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere_not_completed(tmp_path):
-    """The pool asks the run's lock before starting a job: a live holder elsewhere means this sweep
+    """The pool takes the run's lock before starting a job: a live holder elsewhere means this sweep
     has no result of its own for that run, and its record says so."""
     import dataclasses
     import subprocess
@@ -189,7 +227,7 @@ def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere
         lock._write(storage, holder)
         pool = DevicePoolLauncher()
         pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
-        returned = pool._prepare(0, QueuedJob(["model=mlp", "seed=5"]), DeviceSchedule(["0"]))
+        returned = pool._claim(pool._prepare(0, QueuedJob(["model=mlp", "seed=5"]), DeviceSchedule(["0"])))
     finally:
         other.kill()
     ((entry,), _) = sweep_record.read(tmp_path / "sweep") or ([], None)

@@ -44,6 +44,8 @@ class GridSweeper(PlanningSweeper):
         sweep_record.start(
             sweep_dir, swept, [{"overrides": d.overrides, "same_as": unique.index(f)} for d, f in same]
         )
+        for num, plan in enumerate(unique):  # the plan is the record: every job, before any starts
+            plan.record(sweep_dir, num)
         for dup, first in same:
             own = " ".join(o for o in dup.overrides if o not in first.overrides) or "the same overrides"
             log.info("job %s (%s) trains the same run as job %s: it runs once", dup.num, own, first.num)

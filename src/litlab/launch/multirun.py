@@ -9,6 +9,7 @@ summary.json ``status: failed`` (``record_failure``) and the sweep goes on (docs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,10 +33,10 @@ from litlab.config.identity import run_identity, run_settings, settings_fingerpr
 from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_REFUSED, LitlabError, error_line
+from litlab.errors import EXIT_REFUSED, LitlabError, error_line, one_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
-from litlab.run.summary import COMPLETED, FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
+from litlab.run.summary import COMPLETED, FAILED, NOT_STARTED, RUNNING, SWEEP_JOB_ENV, Summary, now, sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,11 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     job_dir = Path(hydra.runtime.output_dir)
     is_child = hydra.mode != RunMode.MULTIRUN
     recording = not is_child and global_rank() == 0
+    started_at = now()
     if recording:
         sweep_record.list_job(Path(str(hydra.sweep.dir)), int(hydra.job.num), job_dir)
-    started_at = now()
+        stand_in = Summary.failed(cfg, None, run_dir=job_dir, hydra=hydra, status=RUNNING, sweep=sweep_job())
+        record_job(hydra, job_dir, {**stand_in.to_dict(), "started_at": started_at}, RUNNING)
     value = None
     try:
         if is_child:
@@ -172,9 +175,9 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
+def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAILED) -> None:
     """Make sure the summary.json of a job whose process ended badly says so and why (rank 0 writes
-    it; the pool and this module's jobs alike).
+    it; the pool and this module's jobs alike); ``status``: interrupted for a job its sweep stopped.
 
     A run that stopped while training already wrote a full summary (``Run.recording_failure``:
     failed, interrupted); one that failed before its Trainer existed (its storage root) or whose
@@ -187,10 +190,11 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
     if existing is not None and existing.status != COMPLETED:
         return  # written where the run stopped, with the most precise error
     if existing is not None:  # a child that wrote a completed summary, then exited non-zero
-        existing.status, existing.error = FAILED, error
+        existing.status, existing.error = status, error
         existing.write(path)
         return
-    Summary.failed(cfg, error, run_dir=job_dir, hydra=HydraConfig.get(), sweep=sweep_job()).write(path)
+    hydra = HydraConfig.get()
+    Summary.failed(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job()).write(path)
 
 
 # --- a sweep's jobs, planned before any starts -------------------------------------------------------
@@ -220,7 +224,14 @@ class PlanningSweeper(Sweeper):
         try:
             return self.run(arguments)
         except (ConfigError, LitlabError) as error:
-            sys.stderr.write(error_line(getattr(error, "reason", error)) + "\n")
+            reason = getattr(error, "reason", error)
+            callbacks = self.hydra_context.callbacks if self.hydra_context else None
+            if callbacks and sweep_record.started(Path(str(self.config.hydra.sweep.dir))):
+                # A sweep that ran jobs ends with its report, which says it stopped; the error is last.
+                with contextlib.suppress(SystemExit):
+                    callbacks.on_multirun_end(config=self.config, stopped=one_line(reason))
+                sys.stdout.flush()
+            sys.stderr.write(error_line(reason) + "\n")
             raise SystemExit(getattr(error, "exit_code", EXIT_REFUSED)) from None
 
     def run(self, arguments: list[str]) -> Any:
@@ -261,6 +272,13 @@ class JobPlan:
     folder: Path
     identity: str | None
     settings: str | None
+    summary: dict[str, Any] | None = None  # what the sweep's record says of it until it starts
+
+    def record(self, sweep_dir: Path, num: int) -> None:
+        """The sweep's record of this training job, planned as job ``num`` (``sweep_record.plan``)."""
+        if self.summary is not None:
+            summary = {**self.summary, "sweep": {"dir": str(sweep_dir), "job_num": num}}
+            sweep_record.plan(sweep_dir, num, summary, run_dir=self.folder, overrides=self.overrides)
 
 
 def plan_job(
@@ -287,7 +305,10 @@ def plan_job(
         check_train_config(config, list(config.hydra.overrides.task))
         settings = run_settings(config)
         identity = run_identity(config, settings)
-        return JobPlan(num, list(overrides), folder, identity, settings_fingerprint(settings))
+        summary = Summary.failed(config, None, run_dir=folder, hydra=config.hydra, status=NOT_STARTED)
+        return JobPlan(
+            num, list(overrides), folder, identity, settings_fingerprint(settings), summary.to_dict()
+        )
     finally:
         HydraConfig.instance().cfg = sweep_hydra_config
 

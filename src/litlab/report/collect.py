@@ -1,10 +1,12 @@
 """Find the runs of sweeps and run directories: a sweep's from its own record (``litlab.run.sweep_record``),
 other folders' from each run's summary.json.
 
-A sweep's record holds each job's summary as it was when the job ended, so a later sweep or a moved
-folder leaves its report as it was. In a folder without a record, a job folder without a summary.json
-(its process was killed, or it still runs) becomes a failed run whose figures are what its config
-says (``Summary.failed``). Nothing here imports torch.
+Each ``RunResult`` is one attempt at a run as something recorded it: a sweep's job entry (planned,
+running, or as it ended) or a run folder; ``litlab.report.compare`` counts the attempts of one run
+once. In a folder without a record, a job folder without a summary.json (its process was killed, or
+it still runs) becomes a failed run whose figures are what its config says (``Summary.failed``); the
+runs ``resume=never`` set aside (``<run>.replaced-<time>``) are not runs of that folder. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -12,13 +14,33 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.run import sweep_record
-from litlab.run.summary import Summary
+from litlab.run.summary import COMPLETED, Summary
+
+# Runs of different versions of the user's code differ in this pseudo key: code_fingerprint's first 8 hex.
+CODE_KEY = "code"
+# Config keys whose value summary.json records as it ran (devices "auto" resolved, the micro-batch
+# derived from a global batch).
+RECORDED = {
+    "trainer.accumulate_grad_batches": "accumulate_grad_batches",
+    "trainer.devices": "devices",
+    "trainer.num_nodes": "num_nodes",
+    "data.batch_size": "micro_batch_size",
+    "global_batch_size": "global_batch_size",
+    "optimized_metric": "optimized_metric",
+    "optimized_metric_mode": "optimized_metric_mode",
+}
+# Baseline keys may name a summary.json field; they mean the config key the user sweeps.
+ALIASES = {name: key for key, name in RECORDED.items()} | {
+    "accumulation": "trainer.accumulate_grad_batches",
+    "batch_size": "data.batch_size",
+}
 
 
 class CompareError(ValueError):
@@ -31,17 +53,73 @@ class NoRuns(CompareError):
 
 @dataclass
 class RunResult:
-    """One run: its summary and its config (``.hydra/config.yaml`` as composed; None for a run read
-    from a sweep's record); for a sweep's job, how the job ended (``sweep_record``'s outcome, note)."""
+    """One attempt at a run: its summary and its config (``.hydra/config.yaml`` as composed; None for
+    a run read from a sweep's record); for a sweep's job, how the job ended (``sweep_record``'s
+    outcome, note); its ``timings`` (``timing``), every attempt's once its attempts are counted as one."""
 
     label: str
     dir: Path
     summary: Summary
     config: DictConfig | None
-    outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, not started
+    outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, planned, ...
     note: str | None = None  # a skipped job's: where and when its run completed
     # Overrides of the sweep's other jobs that train this same run, so did not run (sweep.json same_runs).
     same_run_overrides: list[list[str]] = field(default_factory=list)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.timings = self.timings or timing(self.summary)
+
+    @cached_property
+    def values(self) -> dict[str, Any]:
+        """The run's value of every config key, from one merge (a later source wins): its overrides as
+        typed, its saved config, its recorded settings, what summary.json recorded as it ran, its
+        code version (``code``), its config groups' options."""
+        summary = self.summary
+        merged = {override_key(o): o.partition("=")[2] for o in summary.overrides or []}
+        if self.config is not None:
+            _flatten(_container(self.config), "", merged)
+        merged.update(summary.settings or {})
+        recorded = {key: getattr(summary, name) for key, name in RECORDED.items()}
+        merged.update({key: value for key, value in recorded.items() if value is not None})
+        merged[CODE_KEY] = summary.code_fingerprint[:8] if summary.code_fingerprint else None
+        return {**merged, **(summary.groups or {})}
+
+
+def timing(summary: Summary) -> list[dict[str, Any]]:
+    """A completed attempt's timing, with the conditions it was taken under: beside other jobs or
+    processes (``shared``: the device pool's record of the attempt), and ``by`` which start of which
+    sweep (the pool's ``timed_by``; the sweep's folder in older records; the run's own start)."""
+    throughput, sweep = summary.throughput or {}, summary.sweep or {}
+    if summary.status != COMPLETED or throughput.get("samples_per_second") is None:
+        return []
+    by = sweep.get("timed_by") or sweep.get("dir") or summary.started_at
+    shared = bool(sweep.get("beside"))
+    return [{**throughput, "shared": shared, "by": str(by), "started_at": summary.started_at}]
+
+
+def _container(config: DictConfig) -> Any:
+    try:
+        return OmegaConf.to_container(config, resolve=True)
+    except Exception:  # an interpolation that does not resolve outside its run: the others as written
+        return OmegaConf.to_container(config, resolve=False)
+
+
+def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
+    """Every node of a config by its dotted key; an interpolation that was not resolved is no value."""
+    if isinstance(value, str) and "${" in value:
+        return
+    if key:
+        into[key] = value
+    if isinstance(value, dict):
+        for name, child in value.items():
+            _flatten(child, f"{key}.{name}" if key else str(name), into)
+
+
+def override_key(override: str) -> str:
+    """The key an override sets, aliases resolved; "hydra" for any of Hydra's own."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return "hydra" if key.startswith("hydra") else ALIASES.get(key, key)
 
 
 def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
@@ -60,12 +138,12 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
         if is_run_dir(path):
             runs.append(load_run(path, label=path.name))
             continue
-        jobs = sorted((d for d in path.iterdir() if d.is_dir() and is_run_dir(d)), key=_job_order)
+        jobs = [d for d in path.iterdir() if d.is_dir() and is_run_dir(d) and ".replaced-" not in d.name]
         if not jobs:
             raise NoRuns(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
-        runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in jobs)
+        runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in sorted(jobs, key=_job_order))
     return runs
 
 
@@ -75,7 +153,7 @@ def _recorded_runs(
     """The runs of a sweep's jobs as its record holds them; the run folders are not read (a later
     ``resume=never`` may have replaced a run there)."""
     if not entries:
-        raise NoRuns(f"no job of the sweep in {sweep_dir} has ended yet: its record holds none")
+        raise NoRuns(f"the sweep in {sweep_dir} has no job in its record yet")
     runs = {}
     for entry in entries:
         try:
