@@ -300,6 +300,38 @@ def test_a_fixed_run_name_in_a_search_is_refused_before_any_trial(tmp_path, caps
     assert error.startswith("litlab: error: jobs #0 (") and "would share the run name mine" in error
 
 
+def test_each_trial_is_in_the_sweeps_record_from_the_moment_it_is_asked_for(tmp_path, log_dir):
+    """A search killed with trial 2 running lost it: the record had an entry only when a job ended."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config import resolvers, schema
+    from litlab.config.preflight import CONFIG_DIR
+
+    schema.register()
+    resolvers.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    sweep_dir = tmp_path / "sweep"
+    arguments = ["hparams_search=optuna", "model=mlp"]
+    cfg = loader.load_configuration(
+        "train", [*arguments, f"hydra.sweep.dir={sweep_dir}"], run_mode=RunMode.MULTIRUN
+    )
+    recorded_as_it_ran = []
+
+    def job(params, trial):  # while the trial runs: the record has it, planned
+        entries = sweep_record.read(sweep_dir)[0]
+        lr = f"optimizer.lr={params['optimizer.lr']}"
+        recorded_as_it_ran.extend(e["outcome"] for e in entries if lr in e["overrides"])
+        return completed(params, trial)
+
+    sweeper, _ = searcher(tmp_path, "sweep", job, n_trials=2)
+    del sweeper.check_composes  # composed with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    sweeper.sweep(arguments)
+    assert recorded_as_it_ran == ["planned", "planned"]
+
+
 def test_pruned_failed_and_interrupted_trials(tmp_path):
     outcomes = iter(["pruned", "failed", "interrupted", "completed", "completed", "completed"])
 
