@@ -272,7 +272,7 @@ def test_a_run_resumed_across_a_code_change_is_marked_and_kept_out_of_tests(tmp_
     )
     assert resumed["speed_up_p_value"] is None and resumed["metric_delta_p_value"] is None
     markdown = (sweep / "report.md").read_text()
-    assert f"completed; trained under two code versions: {CODE[:8]}→{EDITED[:8]}" in markdown
+    assert f"completed; resumed across code {CODE[:8]}→{EDITED[:8]}" in markdown
     assert "not tested (resumed across a change)" in markdown
     assert [row["resumed_across"] for row in csv_rows(sweep)] == ["", "", change]
 
@@ -291,7 +291,7 @@ def test_no_p_value_against_a_baseline_resumed_across_a_change(tmp_path):
     assert (compared["speed_up_p_value"], compared["speed_up_significant"]) == (None, None)
     assert compared["not_tested"] == "resumed across a change"
     markdown = (sweep / "report.md").read_text()
-    assert "trained under two settings: 1a2b3c4d→5e6f7a8b" in markdown
+    assert "resumed across settings 1a2b3c4d→5e6f7a8b" in markdown
     (words,) = [line for line in markdown.splitlines() if line.startswith("- ") and "#2, #3" in line]
     assert f"speed-up {speed_up:.2f}x not tested (resumed across a change)" in words
 

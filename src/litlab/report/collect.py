@@ -11,6 +11,7 @@ imports torch.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.run import sweep_record
@@ -53,14 +55,12 @@ class NoRuns(CompareError):
 
 @dataclass
 class RunResult:
-    """One attempt at a run: its summary and its config (``.hydra/config.yaml`` as composed; None for
-    a run read from a sweep's record); for a sweep's job, how the job ended (``sweep_record``'s
+    """One attempt at a run: its summary; for a sweep's job, how the job ended (``sweep_record``'s
     outcome, note); its ``timings`` (``timing``), every attempt's once its attempts are counted as one."""
 
     label: str
     dir: Path
     summary: Summary
-    config: DictConfig | None
     outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, planned, ...
     note: str | None = None  # a skipped job's: where and when its run completed
     # Overrides of the sweep's other jobs that train this same run, so did not run (sweep.json same_runs).
@@ -72,13 +72,11 @@ class RunResult:
 
     @cached_property
     def values(self) -> dict[str, Any]:
-        """The run's value of every config key, from one merge (a later source wins): its overrides as
-        typed, its saved config, its recorded settings, what summary.json recorded as it ran, its
-        code version (``code``), its config groups' options."""
+        """The run's value of every config key, all from its summary, a later source winning: its
+        overrides, its recorded settings, what it recorded as it ran, its code version (``code``),
+        its config groups' options."""
         summary = self.summary
-        merged = {override_key(o): o.partition("=")[2] for o in summary.overrides or []}
-        if self.config is not None:
-            _flatten(_container(self.config), "", merged)
+        merged = {override_key(o): _typed(o) for o in summary.overrides or []}
         merged.update(summary.settings or {})
         recorded = {key: getattr(summary, name) for key, name in RECORDED.items()}
         merged.update({key: value for key, value in recorded.items() if value is not None})
@@ -98,22 +96,13 @@ def timing(summary: Summary) -> list[dict[str, Any]]:
     return [{**throughput, "shared": shared, "by": str(by), "started_at": summary.started_at}]
 
 
-def _container(config: DictConfig) -> Any:
+@functools.cache
+def _typed(override: str) -> Any:
+    """An override's value as Hydra reads it (``8``, ``[1, 2]``, ``{width: 2}``), or as typed."""
     try:
-        return OmegaConf.to_container(config, resolve=True)
-    except Exception:  # an interpolation that does not resolve outside its run: the others as written
-        return OmegaConf.to_container(config, resolve=False)
-
-
-def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
-    """Every node of a config by its dotted key; an interpolation that was not resolved is no value."""
-    if isinstance(value, str) and "${" in value:
-        return
-    if key:
-        into[key] = value
-    if isinstance(value, dict):
-        for name, child in value.items():
-            _flatten(child, f"{key}.{name}" if key else str(name), into)
+        return OverridesParser.create().parse_overrides([override])[0].value()
+    except Exception:  # Hydra's grammar does not read it back (``data.name=a=b``): the text
+        return override.partition("=")[2]
 
 
 def override_key(override: str) -> str:
@@ -161,7 +150,6 @@ def _recorded_runs(
                 label=f"{prefix}{entry['job_num']}",
                 dir=Path(entry["run_dir"]),
                 summary=Summary.from_dict(entry["summary"]),
-                config=None,
                 outcome=entry.get("outcome"),
                 note=entry.get("note"),
             )
@@ -191,7 +179,7 @@ def load_run(run_dir: Path, label: str) -> RunResult:
     config = next((OmegaConf.load(p) for p in candidates if p.is_file()), None)
     summary_path = run_dir / "summary.json"
     summary = Summary.load(summary_path) if summary_path.is_file() else _stand_in(run_dir, config)
-    return RunResult(label=label, dir=run_dir, summary=summary, config=config)
+    return RunResult(label=label, dir=run_dir, summary=summary)
 
 
 def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:

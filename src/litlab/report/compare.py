@@ -1,14 +1,5 @@
-"""Compare runs: one row per configuration against its baseline (speed-up, memory ratio, metric delta).
-
-A run counts once, with its final status, however many attempts and records hold it
-(``_distinct_runs``). Completed runs that ran the same settings but their seed, with the same code and
-devices x nodes, are one configuration: n is its number of distinct seeds, and each figure's mean,
-confidence interval and Welch's t-test (``litlab.report.stats``) take one value per seed. Its
-throughput takes every completed attempt's timing, the solo ones only where there are any; a row
-timed under other conditions than its baseline (another sweep or start) says so (``timed_apart``).
-A row's baseline matches ``baseline`` and has the same devices x nodes, code version and every other
-differing value; ratios are only between completed runs. ``build_report`` builds it.
-"""
+"""Compare runs: one row per configuration against its baseline (speed-up, memory ratio, metric
+delta), built by ``build_report``; what a row counts and combines is in docs/sweeps.md."""
 
 from __future__ import annotations
 
@@ -21,7 +12,7 @@ from typing import Any
 
 from litlab.report.collect import ALIASES, CODE_KEY, CompareError, RunResult, override_key
 from litlab.report.stats import estimate, significant, welch_p_value
-from litlab.run.summary import COMPLETED, INTERRUPTED, NOT_STARTED, PRUNED, finite
+from litlab.run.summary import COMPLETED, INTERRUPTED, NOT_STARTED, PRUNED, Summary, finite
 from litlab.run.sweep_record import SKIPPED
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
@@ -79,23 +70,16 @@ def unfinished(row: dict[str, Any]) -> bool:
 def build_report(
     runs: Sequence[RunResult], baseline: str = DEFAULT_BASELINE, metric: str | None = None
 ) -> Report:
-    """One row per configuration, each compared with its baseline configuration.
-
-    Attempts of one run (two sweeps' records of it, a re-run's) are one run with its final status.
-    Completed runs that ran the same (``_configurations``) but for ``seed`` are one configuration: its
-    row has n, its number of distinct seeds, the mean and 95 % confidence interval of each figure, and
-    Welch's t-test of its runs against the baseline's. A run that did not complete is a row of its
-    own. The baseline is the first completed configuration that matches ``baseline`` (``key=value
-    ...``) and has the same devices x nodes and the same value of every other key that differs between
-    the runs (the code version among them). Naming ``trainer.devices`` in ``baseline`` compares every
-    device count with that one configuration; naming ``seed`` compares single seeds instead of
-    grouping them. ``metric`` is ``name`` or ``name:min``/``name:max`` (``_metric``)."""
+    """One row per configuration, each compared with its baseline: the first completed configuration
+    that matches ``baseline`` (``key=value ...``) with the same devices x nodes and value of every other
+    differing key (the code version among them); naming ``trainer.devices`` compares every device
+    count with one, naming ``seed`` compares single seeds. ``metric``: ``name[:min|max]``."""
     if not runs:
         raise CompareError("no runs to compare")
     runs, notes = _distinct_runs(runs)
     spec = parse_baseline(baseline)
     metric, mode = _metric(runs, metric)
-    test_metric = "test/" + metric.split("/", 1)[1] if metric.startswith("val/") else None
+    test = "test/" + metric.split("/", 1)[1] if metric.startswith("val/") else None
     swept = _swept_keys(runs)
     repeat_key = REPEAT_KEY if REPEAT_KEY in swept and REPEAT_KEY not in spec else None
     settings = [k for k in swept if k != repeat_key]
@@ -107,7 +91,7 @@ def build_report(
         return json.dumps([*devices, *(run.values.get(k) for k in context_keys)], default=str)
 
     configurations = _configurations(runs, settings, repeat_key)
-    rows = [_row(group, metric, test_metric, settings, repeat_key) for group in configurations]
+    rows = [_row(group, metric, test, settings, repeat_key) for group in configurations]
     contexts = [context(group[0]) for group in configurations]
     baselines: dict[str, dict[str, Any]] = {}
     for group, row, key in zip(configurations, rows, contexts, strict=True):
@@ -130,32 +114,15 @@ def build_report(
         for run in runs
         for overrides in run.same_run_overrides
     ]
-    skipped = [
-        f"{run.label}: {run.note or 'completed earlier; not trained again'}"
-        for run in runs
-        if run.outcome == SKIPPED
-    ]
+    skipped = [f"{run.label}: {run.note or 'completed earlier'}" for run in runs if run.outcome == SKIPPED]
     return Report(
-        rows,
-        metric,
-        mode,
-        test_metric,
-        baseline,
-        settings,
-        context_keys,
-        unit,
-        [],
-        repeat_key,
-        notes,
-        skipped,
+        rows, metric, mode, test, baseline, settings, context_keys, unit, [], repeat_key, notes, skipped
     )
 
 
 def _distinct_runs(runs: Sequence[RunResult]) -> tuple[list[RunResult], list[str]]:
-    """Each run once, with its final status (its latest attempt that started; a planned job never
-    outranks one that ran) and every attempt's timing, and a note per run reached more than once (two
-    sweeps whose second found it completed, a re-run of an interrupted sweep, ``resume=never``). A run
-    is its name and its folder's name; a job that never started has no folder of its own yet."""
+    """Each run (its name and folder) once: its latest attempt that started, with every attempt's
+    timing; and a note per run reached more than once."""
     attempts: dict[tuple[Any, ...], list[RunResult]] = {}
     for index, run in enumerate(runs):
         summary = run.summary
@@ -183,12 +150,9 @@ def _recency(run: RunResult) -> tuple[bool, str, str]:
 def _configurations(
     runs: Sequence[RunResult], settings: list[str], repeat_key: str | None
 ) -> list[list[RunResult]]:
-    """The runs grouped into configurations, in the order of each one's first run. Completed runs
-    are one when they ran the same: the same devices x nodes, code version and change they were
-    resumed across (mostly none), and the same recorded settings but ``repeat_key`` (the seed). Runs
-    that recorded no settings (older summaries) are one when they have the same config group options,
-    value of every swept setting and command-line overrides. A run that did not complete is one of
-    its own."""
+    """The runs grouped into configurations: completed runs of the same devices x nodes, code, change
+    resumed across and settings (older summaries: options, swept values and overrides) but
+    ``repeat_key``; a run that did not complete is one of its own."""
     not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
     groups: dict[str, list[RunResult]] = {}
     for index, run in enumerate(runs):
@@ -196,12 +160,8 @@ def _configurations(
         if not summary.completed:
             groups[f"not completed {index}"] = [run]
             continue
-        ran: list[Any] = [
-            summary.devices,
-            summary.num_nodes,
-            summary.code_fingerprint,
-            summary.resumed_across,
-        ]
+        ran: list[Any] = [summary.devices, summary.num_nodes, summary.code_fingerprint]
+        ran.append(summary.resumed_across)
         if summary.settings:
             ran.append({k: v for k, v in summary.settings.items() if k != repeat_key})
         else:
@@ -226,16 +186,10 @@ def parse_baseline(text: str) -> dict[str, str]:
 
 
 def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str, str]:
-    """The metric to report and its direction ("min" or "max"): ``asked`` (``name``, ``name:min`` or
-    ``name:max``), else the runs' optimized_metric. A direction not given is the one the runs record:
-    their optimized_metric_mode, which its val/ and test/ twins share. A metric no run logged, or
-    whose direction nothing says, is refused in one sentence."""
-    optimized = next(
-        (str(r.values["optimized_metric"]) for r in runs if r.values.get("optimized_metric")), None
-    )
-    recorded = next(
-        (r.values.get("optimized_metric_mode") for r in runs if r.values.get("optimized_metric")), None
-    )
+    """The metric and its direction: ``asked`` (``name[:min|max]``) or the runs' optimized_metric; a
+    direction not given is optimized_metric_mode, for it and its val/ and test/ twins only."""
+    first = next((run.values for run in runs if run.values.get("optimized_metric")), {})
+    optimized = first.get("optimized_metric")
     name, _, mode = (asked or optimized or "val/acc").partition(":")
     if mode not in ("", "min", "max"):
         raise CompareError(f"--metric {asked}: the direction after ':' is min or max")
@@ -243,7 +197,7 @@ def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str, str]:
     if asked and logged and name not in logged:
         raise CompareError(f"--metric {name}: no run logged it; the runs logged {', '.join(logged)}")
     if not mode and (optimized is None or name.split("/")[-1] == optimized.split("/")[-1]):
-        mode = str(recorded or "max")
+        mode = str(first.get("optimized_metric_mode") or "max")
     if not mode:
         raise CompareError(
             f"--metric {name}: the runs record the direction of {optimized} only; say which way is better: "
@@ -253,8 +207,8 @@ def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str, str]:
 
 
 def _swept_keys(runs: Sequence[RunResult]) -> list[str]:
-    """Keys whose value differs between the runs: from what ran for runs that recorded their
-    settings, from the overrides for older runs; and ``code`` when the runs' code versions differ."""
+    """Keys whose value differs between the runs (recorded settings, older runs' overrides), and
+    ``code`` when their code versions differ."""
     recorded = [run for run in runs if run.summary.settings]
     keys = _differing_settings(recorded) if recorded else []
     older = [run for run in runs if not run.summary.settings]
@@ -266,9 +220,8 @@ def _swept_keys(runs: Sequence[RunResult]) -> list[str]:
 
 
 def _differing_settings(runs: Sequence[RunResult]) -> list[str]:
-    """Setting keys whose value differs between ``runs`` (which recorded their settings), the keys
-    set on the command line first. A config group whose choice differs is one key (``model``, not
-    every ``model.*`` key) where the key's value follows the choice (mlp's width is mlp's)."""
+    """Setting keys whose value differs, the command line's first; a group whose choice differs stands
+    for the keys whose value follows that choice (``model``, not mlp's ``model.width``)."""
     names = dict.fromkeys(key for run in runs for key in run.summary.settings or {})
     differing = [k for k in names if _differ((run.summary.settings or {}).get(k) for run in runs)]
     choices = dict.fromkeys(group for run in runs for group in run.summary.groups or {})
@@ -312,32 +265,34 @@ def _same(value: Any, wanted: str) -> bool:
 def _row(
     runs: list[RunResult], metric: str, test_metric: str | None, swept: list[str], repeat_key: str | None
 ) -> dict[str, Any]:
-    """A configuration's row: one value per distinct seed of each figure but throughput (their mean,
-    with its 95 % confidence interval), and the throughput of its runs' timings (``_timings``); what
-    compares it with its baseline is ``_compare``'s, None until then. Its fields are what the report's
-    columns show (``litlab.report.render.COLUMNS``)."""
+    """A configuration's row: each figure's mean (with its 95 % interval) over one value per distinct
+    seed, throughput over its timings (``_timings``); the comparison with its baseline is ``_compare``'s."""
     summary = runs[0].summary
-    seeds: dict[Any, RunResult] = {}
-    for index, run in enumerate(runs):  # a seed not known is a seed of its own
+    seeds: dict[Any, Summary] = {}
+    for index, run in enumerate(runs):  # a seed's latest run; a seed not known is a seed of its own
         seed = run.values.get(repeat_key or REPEAT_KEY)
-        seeds.setdefault(("run", index) if seed is None else seed, run)
-    per_seed = [_figures(run, metric, test_metric) for run in seeds.values()]
-    timings = _timings(runs)
-    memory_kinds = {f["memory_kind"] for f in per_seed}
-    memory_kind = memory_kinds.pop() if len(memory_kinds) == 1 else None
-    findings = [entry for run in runs for entry in run.summary.diagnosis or []]  # litlab.run.doctor's
+        key = ("run", index) if seed is None else seed
+        if key not in seeds or (run.summary.started_at or "") > (seeds[key].started_at or ""):
+            seeds[key] = run.summary
+
+    def each(field: str, name: str | None) -> list[Any]:
+        return [(getattr(seed, field) or {}).get(name) for seed in seeds.values()]
 
     def interval(name: str, values: list[Any], comparable: bool = True) -> dict[str, Any]:
         # A figure some of the seeds lack has no mean: it would be the mean of other runs than n says.
         mean, low, high = estimate(values) if comparable and values and None not in values else (None,) * 3
         return {name: mean, f"{name}_ci95_low": low, f"{name}_ci95_high": high}
 
+    timings = _timings(runs)
+    memory_kinds = set(each("memory", "kind"))
+    memory_kind = memory_kinds.pop() if len(memory_kinds) == 1 else None
+    findings = [entry for run in runs for entry in run.summary.diagnosis or []]  # litlab.run.doctor's
     precision = summary.precision or {}
     return {
         "run": ", ".join(run.label for run in runs),
         "status": summary.status,
         "n": len(seeds),
-        "seeds": [run.values.get(repeat_key) for run in seeds.values()] if repeat_key else [],
+        "seeds": [key for key in seeds if not isinstance(key, tuple)] if repeat_key else [],
         "precision": (summary.groups or {}).get("precision"),
         "precision_requested": precision.get("requested"),
         "precision_effective": precision.get("effective"),
@@ -349,11 +304,11 @@ def _row(
         **interval("samples_per_second", [t["samples_per_second"] for t in timings]),
         **interval("tokens_per_second", [t.get("tokens_per_second") for t in timings]),
         "timings": len(timings),
-        "seconds_per_epoch": estimate(f["seconds_per_epoch"] for f in per_seed).mean,
+        "seconds_per_epoch": estimate(each("throughput", "seconds_per_epoch")).mean,
         "memory_kind": memory_kind,
-        **interval("peak_memory_mib", [f["peak_memory_mib"] for f in per_seed], memory_kind is not None),
-        **interval("metric", [f["metric"] for f in per_seed]),
-        "test_metric": estimate(f["test_metric"] for f in per_seed).mean,
+        **interval("peak_memory_mib", each("memory", "peak_mib"), memory_kind is not None),
+        **interval("metric", each("metrics", metric)),
+        "test_metric": estimate(each("metrics", test_metric)).mean,
         **dict.fromkeys(_COMPARED),
         "baseline": None,
         "is_baseline": False,
@@ -367,12 +322,12 @@ def _row(
         "error": _error_text(summary),
         "run_dir": ";".join(str(run.dir) for run in runs),
         # Not report.csv's: the values behind Welch's tests, why one was not made, the doctor's
-        # findings and the learning curves.
+        # findings and the learning curves (one per seed).
         "samples_per_second_values": [t["samples_per_second"] for t in timings],
-        "metric_values": [f["metric"] for f in per_seed],
+        "metric_values": each("metrics", metric),
         "not_tested": None,
         "findings": findings,
-        "curves": [f["curve"] for f in per_seed],  # one per seed, for report.png
+        "curves": [curve(seed, metric) for seed in seeds.values()],
     }
 
 
@@ -384,10 +339,8 @@ def _timings(runs: list[RunResult]) -> list[dict[str, Any]]:
 
 
 def _compare(row: dict[str, Any], base: dict[str, Any], mode: str) -> None:
-    """``row`` against its baseline's row ``base`` (a completed configuration): speed-up, memory ratio
-    and metric delta with Welch's p-values, and the seconds to the baseline's final metric. A speed-up
-    between timings taken under other conditions (another sweep or start, solo against shared) is
-    ``timed_apart`` and not tested."""
+    """``row`` against its baseline's row ``base``: ratios, Welch's p-values, seconds to the baseline's
+    metric; a speed-up timed under other conditions (another start, solo against shared) is not tested."""
     row["baseline"], row["is_baseline"] = base["run"], base is row
     # Ratios only between completed runs: a failed run may have figures, not those of the run it meant to be.
     if row["status"] != COMPLETED:
@@ -416,27 +369,12 @@ def _has_own_column(key: str, run: RunResult) -> bool:
 
 
 def _error_text(summary: Any) -> str | None:
-    """Why a run did not complete. An interrupted run was stopped (SIGTERM, or its sweep stopped
-    before it started): not a failure, and the same command resumes it."""
+    """Why a run did not complete; an interrupted one is no failure: the same command resumes it."""
     if summary.status != INTERRUPTED:
         return summary.error
     if not summary.error or str(summary.error).startswith("SIGTERMException"):
         return "stopped by SIGTERM; the same command resumes it"
     return summary.error if "resumes it" in summary.error else f"{summary.error}; the same command resumes it"
-
-
-def _figures(run: RunResult, metric: str, test_metric: str | None) -> dict[str, Any]:
-    """One run's own figures, from its summary.json."""
-    summary = run.summary
-    memory, metrics = summary.memory or {}, summary.metrics or {}
-    return {
-        "seconds_per_epoch": (summary.throughput or {}).get("seconds_per_epoch"),
-        "memory_kind": memory.get("kind"),
-        "peak_memory_mib": memory.get("peak_mib"),
-        "metric": metrics.get(metric),
-        "test_metric": metrics.get(test_metric) if test_metric else None,
-        "curve": curve(summary, metric),
-    }
 
 
 def _seconds_to_baseline(

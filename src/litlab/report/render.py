@@ -26,8 +26,8 @@ def report_runs(
     metric: str | None = None,
     stopped: str | None = None,
 ) -> Report:
-    """Collect the runs under ``paths``, compare them and write report.csv, report.png and report.md
-    into ``out_dir``; ``stopped``: why the sweep stopped before its end, said in the report."""
+    """Collect, compare and write the runs under ``paths`` into ``out_dir``; ``stopped``: why the sweep
+    stopped before its end."""
     report = build_report(collect_runs(paths), baseline=baseline, metric=metric)
     report.sources, report.stopped = list(paths), stopped
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -46,9 +46,8 @@ def report_runs(
 
 
 class Column(NamedTuple):
-    """A row's field ``key``: its report.md header (None: report.csv only) and cell (None: the value
-    as text), and its report.csv name where that is not ``key``; ``{metric}``, ``{test_metric}`` and
-    ``{seed}`` in either are the report's."""
+    """A row's field: its report.md header (None: report.csv only) and cell (None: the value as text),
+    its report.csv name where not ``key`` (``{metric}``, ``{test_metric}``, ``{seed}``: the report's)."""
 
     key: str
     header: str | None = None
@@ -119,21 +118,18 @@ _HEADERS = {column.key: column.header for column in COLUMNS}
 
 
 def _format(template: str, report: Report) -> str:
-    return template.format(
-        metric=report.metric,
-        test_metric=report.test_metric or "test_metric",
-        seed=report.repeat_key or "seed",
-    )
+    test_metric, seed = report.test_metric or "test_metric", report.repeat_key or "seed"
+    return template.format(metric=report.metric, test_metric=test_metric, seed=seed)
 
 
 def _csv_value(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, list):
-        return ";".join(str(v) for v in value)
-    if isinstance(value, dict):
-        return " ".join(f"{k}={v}" for k, v in value.items())
-    return value
+    if isinstance(value, (list, dict)):
+        return (
+            ";".join(map(str, value))
+            if isinstance(value, list)
+            else " ".join(f"{k}={v}" for k, v in value.items())
+        )
+    return "" if value is None else value
 
 
 def _cell(column: Column, row: dict[str, Any]) -> str:
@@ -226,17 +222,9 @@ def _status_word(row: dict[str, Any]) -> str:
 
 
 def _status_cell(row: dict[str, Any]) -> str:
+    """The status, † and what a run was resumed across ("code 8373778d→c6928336": it trained under each)."""
     status = _status_word(row) + (" †" if row["shared_node"] else "")
-    return "; ".join([status, *(_trained_under(change) for change in row["resumed_across"])])
-
-
-def _trained_under(change: str) -> str:
-    """What a run resumed across ``change`` trained under, e.g. from "code 8373778d→c6928336":
-    "trained under two code versions: 8373778d→c6928336"."""
-    kind, _, versions = change.partition(" ")
-    count = versions.count("→") + 1
-    what = {"code": "code versions"}.get(kind, kind)
-    return f"trained under {({2: 'two', 3: 'three', 4: 'four'}).get(count, str(count))} {what}: {versions}"
+    return "; ".join([status, *(f"resumed across {change}" for change in row["resumed_across"])])
 
 
 def _differs_cell(row: dict[str, Any]) -> str:
@@ -259,16 +247,11 @@ def _timing_cell(row: dict[str, Any], name: str) -> str:
 
 
 def _compared_cell(row: dict[str, Any], name: str, decimals: int, suffix: str = "") -> str:
-    """A row's speed-up or Δ against its baseline, and Welch's p-value where it was tested; ‡ a
-    speed-up timed under other conditions than its baseline."""
+    """A speed-up or Δ, its Welch's p-value where it was tested; ‡ a speed-up timed apart."""
     p_value = row[f"{name}_p_value"]
-    note = f" (p={_p_text(p_value)})" if finite(p_value) else ""
+    note = f" (p={p_value:.2g})" if finite(p_value) else ""
     apart = " ‡" if name == "speed_up" and row["timed_apart"] and row[name] is not None else ""
     return _number(row[name], decimals, suffix, signed=name == "metric_delta") + note + apart
-
-
-def _p_text(p_value: float) -> str:
-    return f"{p_value:.2g}"
 
 
 def _names(rows: list[dict[str, Any]]) -> str:
@@ -276,25 +259,15 @@ def _names(rows: list[dict[str, Any]]) -> str:
 
 
 def _repeats_lines(report: Report) -> list[str]:
-    """One line on the rows of one seed, which have no interval and no test; or one on the repeats."""
+    """A line where no completed row has more than one seed: no interval, no test."""
     completed = [row for row in report.rows if row["status"] == COMPLETED]
-    single = [row for row in completed if row["n"] == 1]
-    if not completed:
+    if not completed or any(row["n"] > 1 for row in completed):
         return []
-    if len(single) == len(completed):
-        return [
-            "n = 1: every configuration ran one seed, so no row has a confidence interval and no difference "
-            "can be told from run-to-run noise; repeat them with seeds (e.g. `seed=1,2,3`).",
-            "",
-        ]
-    grouped = "runs that differ only in `seed`" if report.repeat_key else "runs of the same settings"
-    line = (
-        f"Repeats: {grouped} are one row, with n distinct seeds: mean ± the {CONFIDENCE:.0%} confidence "
-        f"interval, and Welch's t-test at {SIGNIFICANCE:.0%} against the baseline."
-    )
-    if single:
-        line += f" Rows with n = 1 ({_names(single)}) have no interval and no test."
-    return [line, ""]
+    return [
+        "n = 1: every configuration ran one seed, so no row has a confidence interval and no difference "
+        "can be told from run-to-run noise; repeat them with seeds (e.g. `seed=1,2,3`).",
+        "",
+    ]
 
 
 def _noise_lines(report: Report) -> list[str]:
@@ -327,7 +300,7 @@ def _in_words(what: str, row: dict[str, Any], name: str) -> str:
     if p_value is None:
         return f"{what} not tested (needs n ≥ 2 and some spread on both sides)"
     words, sign = ("exceeds", "<") if row[f"{name}_significant"] else ("is within", "≥")
-    return f"{what} {words} run-to-run noise (Welch's t-test p = {_p_text(p_value)} {sign} {SIGNIFICANCE:g})"
+    return f"{what} {words} run-to-run noise (Welch's t-test p = {p_value:.2g} {sign} {SIGNIFICANCE:g})"
 
 
 def _best_line(report: Report) -> list[str]:
@@ -377,8 +350,8 @@ def _one_line(text: Any, limit: int = 300) -> str:
 
 
 def plot(report: Report) -> Any:
-    """report.png, a matplotlib Figure of two figures: throughput (metric annotated) and peak memory
-    per configuration, one column per device count; below, the learning curves of every run."""
+    """report.png's Figure: throughput (metric annotated) and peak memory per configuration, and below
+    the learning curves of every run."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     precisions = list(dict.fromkeys(str(row["precision"]) for row in report.rows))
