@@ -1,10 +1,6 @@
-"""Sweep jobs: each is a fresh single-run process, and a failing job becomes a failed row of the report.
-
-``child_command`` is a job's single-run command (``python -m litlab.cli.train <overrides>
-hydra.run.dir=<job dir> hydra.mode=RUN``), recorded in the job folder as ``command.sh``. The default
-launcher (``litlab.launch.pool``) starts it itself; under any other launcher ``run_sweep_job`` runs it
-as a child of Hydra's task process, which passes on the cluster's rank variables. A failed job writes
-summary.json ``status: failed`` (``record_failure``) and the sweep goes on (docs/sweeps.md).
+"""Sweep jobs: each a fresh single-run process (``child_command``, recorded as the job's ``command.sh``;
+under launchers other than the pool, run by ``run_sweep_job``); a failing job is a failed row of the
+report, and the sweep goes on. The sweepers' shared planning (``PlanningSweeper``, ``plan_job``).
 """
 
 from __future__ import annotations

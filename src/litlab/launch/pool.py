@@ -1,12 +1,7 @@
-"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs over a pool of devices.
-
-Each job is a fresh process running ``litlab.launch.multirun.child_command`` in ``<sweep dir>/<job
-num>/``, on ``trainer.devices`` ids of the pool (``hydra.launcher.devices``, ``jobs_per_device``) with
-its share of the CPU cores. The job needing most devices starts first, smaller ones backfill (without
-GPUs, a job of more processes than the pool has slots runs alone on all of them); a job whose run
-already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143), and so does the
-sweeper's ``stop`` (saying why). The pool's record of each job (devices, start, end, the jobs beside
-it, command) goes to the sweep's record, never into a run's summary.json. The rules: docs/sweeps.md.
+"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs, each a process of its
+own (``litlab.launch.multirun.child_command``), over a pool of devices and CPU cores; the largest job
+first, smaller ones backfill. Its record of each job goes to the sweep's record, never into a run's
+summary.json. The rules: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -416,8 +411,8 @@ class DevicePoolLauncher(Launcher):
                 os.killpg(job.process.pid, signal.SIGTERM)
 
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
-        """The job, composed; its JobReturn instead for a job that does not start: larger than a pool
-        of GPUs, on more nodes than one, or completed by an earlier run."""
+        """The job, composed; its JobReturn instead where it never starts (too large for the pool, on
+        several nodes) or its run completed."""
         from litlab.config.identity import found_in_storage, run_identity
         from litlab.config.rules import device_count
         from litlab.launch.multirun import child_command, job_config
@@ -461,9 +456,8 @@ class DevicePoolLauncher(Launcher):
         return self._job_return(job, completed)
 
     def _claim(self, job: _Job) -> JobReturn | None:
-        """Take the run's lock for the job's process (it takes it over), so that another sweep sees
-        the run taken before that process starts; the job's JobReturn, running elsewhere, where
-        another process holds it: nothing is written into that run's folder."""
+        """Take the run's lock for the job's process to take over: another sweep sees it taken before
+        that process starts. Held elsewhere: the job's JobReturn, running elsewhere, nothing written."""
         from litlab.run.summary import RUNNING_ELSEWHERE
         from litlab.run.sweep_record import ELSEWHERE
         from litlab.storage import lock
@@ -478,9 +472,8 @@ class DevicePoolLauncher(Launcher):
         return None
 
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
-        """The sweep's record of a training job (litlab-eval's jobs store no run), with the pool's own
-        record of the attempt: its ``devices``, ``start`` and ``end`` (UTC), the jobs and other runs
-        that trained ``beside`` it, this start of the sweep (``timed_by``) and its process's ``command``."""
+        """The sweep's record of a training job (litlab-eval's store no run), with the pool's record of
+        the attempt: ``devices``, ``start``, ``end`` (UTC), ``beside``, ``timed_by``, ``command``."""
         from litlab.launch.multirun import record_job
 
         if job.identity is not None:
@@ -598,9 +591,8 @@ class DevicePoolLauncher(Launcher):
         )
 
     def _finish(self, job: _Job) -> JobReturn:
-        """The job ended: a failure its process could not write itself goes into its summary.json
-        (``multirun.record_failure``: interrupted where the sweep stopped it), the summary and the
-        pool's record into the sweep's record; the JobReturn with its optimized_metric."""
+        """The job ended: a failure its process could not write goes into its summary.json (interrupted
+        where the sweep stopped it), the summary into the sweep's record; its JobReturn."""
         from litlab.launch.multirun import describe_exit, record_failure
         from litlab.run import sweep_record
         from litlab.run.summary import FAILED, INTERRUPTED

@@ -1,12 +1,7 @@
-"""Find the runs of sweeps and run directories: a sweep's from its own record (``litlab.run.sweep_record``),
-other folders' from each run's summary.json.
-
-Each ``RunResult`` is one attempt at a run as something recorded it: a sweep's job entry (planned,
-running, or as it ended) or a run folder; ``litlab.report.compare`` counts the attempts of one run
-once. In a folder without a record, a job folder without a summary.json (its process was killed, or
-it still runs) becomes a failed run whose figures are what its config says (``Summary.failed``); the
-runs ``resume=never`` set aside (``<run>.replaced-<time>``) are not runs of that folder. Nothing here
-imports torch.
+"""Find the runs of sweeps and run directories: each ``RunResult`` is one attempt at a run, as a
+sweep's record (``litlab.run.sweep_record``) or a run folder's summary.json holds it (a job folder
+without one: what its config says, ``Summary.failed``; ``resume=never``'s ``.replaced-*`` folders are
+no runs). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -15,7 +10,6 @@ import functools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +64,10 @@ class RunResult:
     def __post_init__(self) -> None:
         self.timings = self.timings or timing(self.summary)
 
-    @cached_property
+    @functools.cached_property
     def values(self) -> dict[str, Any]:
-        """The run's value of every config key, all from its summary, a later source winning: its
-        overrides, its recorded settings, what it recorded as it ran, its code version (``code``),
-        its config groups' options."""
+        """The run's value of every config key, from its summary: overrides, then settings, what it
+        recorded as it ran, its code version (``code``) and its groups' options, the later winning."""
         summary = self.summary
         merged = {override_key(o): _typed(o) for o in summary.overrides or []}
         merged.update(summary.settings or {})
@@ -85,9 +78,8 @@ class RunResult:
 
 
 def timing(summary: Summary) -> list[dict[str, Any]]:
-    """A completed attempt's timing, with the conditions it was taken under: beside other jobs or
-    processes (``shared``: the device pool's record of the attempt), and ``by`` which start of which
-    sweep (the pool's ``timed_by``; the sweep's folder in older records; the run's own start)."""
+    """A completed attempt's timing and its conditions: ``shared`` with other jobs or runs, and ``by``
+    which start of which sweep (the pool's ``timed_by``; older records' sweep folder; its own start)."""
     throughput, sweep = summary.throughput or {}, summary.sweep or {}
     if summary.status != COMPLETED or throughput.get("samples_per_second") is None:
         return []
@@ -139,8 +131,7 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
 def _recorded_runs(
     sweep_dir: Path, entries: list[dict[str, Any]], sweep: dict[str, Any], prefix: str
 ) -> list[RunResult]:
-    """The runs of a sweep's jobs as its record holds them; the run folders are not read (a later
-    ``resume=never`` may have replaced a run there)."""
+    """The runs of a sweep's jobs as its record holds them, never as their folders are now."""
     if not entries:
         raise NoRuns(f"the sweep in {sweep_dir} has no job in its record yet")
     runs = {}
@@ -183,6 +174,7 @@ def load_run(run_dir: Path, label: str) -> RunResult:
 
 
 def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:
+    """What a job folder without summary.json says of its run: what its .hydra/ config says."""
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"

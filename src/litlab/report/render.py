@@ -46,75 +46,19 @@ def report_runs(
 
 
 class Column(NamedTuple):
-    """A row's field: its report.md header (None: report.csv only) and cell (None: the value as text),
-    its report.csv name where not ``key`` (``{metric}``, ``{test_metric}``, ``{seed}``: the report's)."""
+    """A row's field: its report.md header (None: report.csv only) and cell (a function of the row, the
+    decimals of a number, or None: the value as text), and its report.csv name where not ``key``
+    (``{metric}``, ``{test_metric}``, ``{seed}``: the report's)."""
 
     key: str
     header: str | None = None
-    cell: Callable[[dict[str, Any]], str] | None = None
+    cell: Callable[[dict[str, Any]], str] | int | None = None
     csv: str | None = None
 
 
-def _interval(key: str, header: str, decimals: int, cell: Any = None, csv: str | None = None) -> list[Column]:
-    """A figure with its confidence interval: report.md's mean ± half-width, report.csv's ends too."""
-    cell = cell or (lambda row: _estimate_cell(row, key, decimals))
-    ends = [Column(f"{key}_ci95_{end}", csv=f"{csv or key}_ci95_{end}") for end in ("low", "high")]
-    return [Column(key, header, cell, csv), *ends]
-
-
-def _tested(key: str, header: str, decimals: int, suffix: str = "", csv: str | None = None) -> list[Column]:
-    """A difference from its baseline, with its Welch test: ``(p=...)`` in report.md, p and verdict in CSV."""
-    tests = [Column(f"{key}_{part}", csv=f"{csv or key}_{part}") for part in ("p_value", "significant")]
-    return [Column(key, header, lambda row: _compared_cell(row, key, decimals, suffix), csv), *tests]
-
-
-COLUMNS = [
-    Column("run", "run", lambda row: row["run"]),
-    Column("status", "status", lambda row: _status_cell(row)),
-    Column("differs", "differs", lambda row: _differs_cell(row)),
-    Column("n", "n", lambda row: str(row["n"])),
-    Column("seeds", "{seed}", lambda row: ", ".join(_text(seed) for seed in row["seeds"])),
-    Column("precision"),
-    Column("precision_requested", "precision (requested → ran)", lambda row: _precision_cell(row)),
-    Column("precision_effective"),
-    Column("accumulate_grad_batches", "accumulation"),
-    Column("devices", "devices x nodes", lambda row: f"{_text(row['devices'])} x {_text(row['num_nodes'])}"),
-    Column("num_nodes"),
-    Column("micro_batch_size", "micro-batch"),
-    Column("effective_batch_size", "effective batch"),
-    *_interval("samples_per_second", "samples/s", 1, lambda row: _timing_cell(row, "samples_per_second")),
-    *_interval("tokens_per_second", "tokens/s", 1, lambda row: _timing_cell(row, "tokens_per_second")),
-    Column("timings"),  # the timings behind the throughput: every completed attempt's (solo ones first)
-    Column("timed_by"),  # which sweep's start (or run) took them
-    Column("seconds_per_epoch", "s/epoch", lambda row: _number(row["seconds_per_epoch"], 2)),
-    Column("memory_kind"),
-    *_interval("peak_memory_mib", "peak memory / device (MiB)", 0, lambda row: _memory_cell(row)),
-    *_interval("metric", "{metric}", 4, csv="{metric}"),
-    Column("test_metric", "{test_metric}", lambda row: _number(row["test_metric"], 4), "{test_metric}"),
-    *_tested("speed_up", "speed-up", 2, "x"),
-    Column("timed_apart"),  # timed under other conditions than its baseline: the speed-up is not tested
-    Column("memory_ratio", "memory ratio", lambda row: _number(row["memory_ratio"], 2, "x")),
-    *_tested("metric_delta", "Δ {metric}", 4, csv="delta_{metric}"),
-    Column(
-        "seconds_to_baseline",
-        "s to baseline's {metric}",
-        lambda row: _number(row["seconds_to_baseline"], 1),
-        "seconds_to_baseline_{metric}",
-    ),
-    Column(
-        "baseline",
-        "baseline",
-        lambda row: "**baseline**" if row["is_baseline"] else (row["baseline"] or "none"),
-    ),
-    Column("is_baseline"),
-    Column("pruned_epoch"),
-    Column("shared_node"),
-    Column("resumed_across"),
-    Column("diagnosis", "doctor", lambda row: ", ".join(row["diagnosis"])),
-    Column("error", "error", lambda row: _one_line(row["error"], limit=120) if unfinished(row) else ""),
-    Column("run_dir"),
-]
-_HEADERS = {column.key: column.header for column in COLUMNS}
+def _family(key: str, header: str, cell: Any, parts: tuple[str, str], csv: str | None = None) -> list[Column]:
+    """A figure and the CSV-only fields that go with it (``key_<part>``)."""
+    return [Column(key, header, cell, csv), *(Column(f"{key}_{p}", csv=f"{csv or key}_{p}") for p in parts)]
 
 
 def _format(template: str, report: Report) -> str:
@@ -123,17 +67,15 @@ def _format(template: str, report: Report) -> str:
 
 
 def _csv_value(value: Any) -> Any:
-    if isinstance(value, (list, dict)):
-        return (
-            ";".join(map(str, value))
-            if isinstance(value, list)
-            else " ".join(f"{k}={v}" for k, v in value.items())
-        )
-    return "" if value is None else value
+    if isinstance(value, dict):
+        value = " ".join(f"{k}={v}" for k, v in value.items())
+    return ";".join(map(str, value)) if isinstance(value, list) else "" if value is None else value
 
 
 def _cell(column: Column, row: dict[str, Any]) -> str:
-    return (column.cell or (lambda row: _text(row[column.key])))(row)
+    if isinstance(column.cell, int):
+        return _number(row[column.key], column.cell)
+    return column.cell(row) if column.cell else _text(row[column.key])
 
 
 # --- report.md ------------------------------------------------------------------------------------
@@ -246,7 +188,7 @@ def _timing_cell(row: dict[str, Any], name: str) -> str:
     return _estimate_cell(row, name, 1) + (" ‡" if len(row["timed_by"]) > 1 and finite(row[name]) else "")
 
 
-def _compared_cell(row: dict[str, Any], name: str, decimals: int, suffix: str = "") -> str:
+def _compared(row: dict[str, Any], name: str, decimals: int, suffix: str = "") -> str:
     """A speed-up or Δ, its Welch's p-value where it was tested; ‡ a speed-up timed apart."""
     p_value = row[f"{name}_p_value"]
     note = f" (p={p_value:.2g})" if finite(p_value) else ""
@@ -344,6 +286,47 @@ def _text(value: Any) -> str:
 def _one_line(text: Any, limit: int = 300) -> str:
     line = one_line(text or "unknown error")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+INTERVAL, TEST = ("ci95_low", "ci95_high"), ("p_value", "significant")  # report.md says ± and (p=...)
+COLUMNS = [
+    Column("run", "run"),
+    Column("status", "status", _status_cell),
+    Column("differs", "differs", _differs_cell),
+    Column("n", "n"),
+    Column("seeds", "{seed}", lambda r: ", ".join(_text(seed) for seed in r["seeds"])),
+    Column("precision"),
+    Column("precision_requested", "precision (requested → ran)", _precision_cell),
+    Column("precision_effective"),
+    Column("accumulate_grad_batches", "accumulation"),
+    Column("devices", "devices x nodes", lambda r: f"{_text(r['devices'])} x {_text(r['num_nodes'])}"),
+    Column("num_nodes"),
+    Column("micro_batch_size", "micro-batch"),
+    Column("effective_batch_size", "effective batch"),
+    *_family("samples_per_second", "samples/s", lambda r: _timing_cell(r, "samples_per_second"), INTERVAL),
+    *_family("tokens_per_second", "tokens/s", lambda r: _timing_cell(r, "tokens_per_second"), INTERVAL),
+    Column("timings"),  # the timings behind the throughput: every completed attempt's (solo ones first)
+    Column("timed_by"),  # which sweep's start (or run) took them
+    Column("seconds_per_epoch", "s/epoch", 2),
+    Column("memory_kind"),
+    *_family("peak_memory_mib", "peak memory / device (MiB)", _memory_cell, INTERVAL),
+    *_family("metric", "{metric}", lambda r: _estimate_cell(r, "metric", 4), INTERVAL, "{metric}"),
+    Column("test_metric", "{test_metric}", 4, "{test_metric}"),
+    *_family("speed_up", "speed-up", lambda r: _compared(r, "speed_up", 2, "x"), TEST),
+    Column("timed_apart"),  # timed under other conditions than its baseline: the speed-up is not tested
+    Column("memory_ratio", "memory ratio", lambda r: _number(r["memory_ratio"], 2, "x")),
+    *_family("metric_delta", "Δ {metric}", lambda r: _compared(r, "metric_delta", 4), TEST, "delta_{metric}"),
+    Column("seconds_to_baseline", "s to baseline's {metric}", 1, "seconds_to_baseline_{metric}"),
+    Column("baseline", "baseline", lambda r: "**baseline**" if r["is_baseline"] else r["baseline"] or "none"),
+    Column("is_baseline"),
+    Column("pruned_epoch"),
+    Column("shared_node"),
+    Column("resumed_across"),
+    Column("diagnosis", "doctor", lambda r: ", ".join(r["diagnosis"])),
+    Column("error", "error", lambda r: _one_line(r["error"], limit=120) if unfinished(r) else ""),
+    Column("run_dir"),
+]
+_HEADERS = {column.key: column.header for column in COLUMNS}
 
 
 # --- report.png ---------------------------------------------------------------------------------

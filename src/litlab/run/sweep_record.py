@@ -1,14 +1,7 @@
-"""A sweep's own record of its jobs: ``<sweep dir>/.jobs/<job num>.json``, the only thing its report reads.
-
-The plan is the record: a grid writes every job's entry before the first starts, a search each trial's
-as it is asked for (``planned``: a stand-in summary, status ``not started``); a job that starts is
-``running`` (with the process that watches it: gone, the job was interrupted); a job that ends holds
-its run's summary as it was then (its ``sweep`` with the device pool's record of the attempt: devices,
-start, end, the jobs beside it, who timed it) and its ``outcome``: trained, skipped (completed
-earlier: the trained attempt's conditions copied), running elsewhere, or not started. The same
-command again keeps every entry until its job's new attempt replaces it (the one replaced goes under
-``earlier``); a later sweep, a ``resume=never`` or moving the folder leave the record as it was.
-``sweep.json`` says which sweep the folder holds (its arguments) and which jobs were one run.
+"""A sweep's own record of its jobs, ``<sweep dir>/.jobs/<job num>.json``, the only thing its report
+reads: the plan is the record (a job is planned, running, then how it ended, with its run's summary
+as it was then and the device pool's record of the attempt); ``sweep.json`` says which sweep the folder
+holds. What each state means: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ _STARTED: set[str] = set()  # the sweep folders whose record this process starte
 
 
 def start(sweep_dir: Path, arguments: list[str], same_runs: list[dict[str, Any]] | None = None) -> None:
-    """A sweep of ``arguments`` starts in ``sweep_dir``. A folder that holds another sweep is refused
-    (ConfigError): two sweeps' jobs would mix. The same sweep again (``hydra.sweep.dir`` set, the
-    command re-run) goes on with its record; nothing in the folder is deleted."""
+    """A sweep of ``arguments`` starts in ``sweep_dir``, or goes on with its record there (nothing is
+    deleted); a folder that holds another sweep is refused (ConfigError): two sweeps' jobs would mix."""
     previous = read_json(sweep_dir / RECORD_DIR / SWEEP_FILE)
     if previous is not None and previous.get("arguments") != redact_overrides(arguments):
         shown = " ".join(previous.get("arguments") or []) or "no overrides"
@@ -58,8 +50,8 @@ def started(sweep_dir: Path) -> bool:
 def plan(
     sweep_dir: Path, job_num: int, summary: dict[str, Any], *, run_dir: Path, overrides: list[str]
 ) -> None:
-    """Job ``job_num`` planned (``summary``: its stand-in, status not started), unless an earlier
-    attempt's entry is there: it stays until this attempt starts the job."""
+    """Job ``job_num`` planned (``summary``: status not started), unless an earlier attempt's entry is
+    there: it stays until this attempt starts the job."""
     if not (sweep_dir / RECORD_DIR / f"{job_num}.json").is_file():
         write_job(sweep_dir, job_num, PLANNED, summary, run_dir=run_dir, overrides=overrides)
 
@@ -75,11 +67,9 @@ def write_job(
     note: str | None = None,
     pool: dict[str, Any] | None = None,
 ) -> None:
-    """Record job ``job_num``'s ``outcome`` with its run's summary as it is now; the copy's ``sweep``
-    adds ``pool``, the device pool's record of the attempt (``devices``, ``start``, ``end``,
-    ``beside``, ``timed_by``, ``command``). A skipped job's copy says ``sweep.skipped: true`` and
-    keeps the pool's record of the attempt that trained it (its ``sweep.dir`` names that sweep). A
-    ``running`` entry names this process, which watches the job."""
+    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (the
+    pool's record of the attempt); a skipped job's keeps that of the attempt that trained it, a
+    running job's entry names this process, which watches it; the entry replaced goes under ``earlier``."""
     if outcome == SKIPPED:
         pool = {**_trained_attempt(summary), "skipped": True}
     if pool:
@@ -103,8 +93,8 @@ def write_job(
 
 
 def _trained_attempt(summary: dict[str, Any]) -> dict[str, Any]:
-    """The pool's record of the attempt that trained a completed run, from that sweep's record (how
-    its timing was taken); {} where that record is gone or holds another attempt."""
+    """The pool's record of the attempt that trained a completed run, from that sweep's record; {}
+    where that record is gone or holds another attempt."""
     sweep = summary.get("sweep") or {}
     entry = read_json(Path(str(sweep.get("dir"))) / RECORD_DIR / f"{sweep.get('job_num')}.json") or {}
     trained = entry.get("summary") or {}
@@ -129,9 +119,8 @@ def skipped_note(summary: dict[str, Any]) -> str:
 
 
 def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """The job entries of the sweep in ``sweep_dir`` (by job number) and its ``sweep.json``; None
-    for a folder with no record (a folder of run folders, or a sweep from before litlab kept one).
-    A running job whose watching process is gone from this machine is interrupted."""
+    """The job entries of the sweep in ``sweep_dir`` (by number; a running job whose watching process
+    is gone from this machine is interrupted) and its ``sweep.json``; None for a folder without one."""
     record = sweep_dir / RECORD_DIR
     if not record.is_dir():
         return None
