@@ -4,10 +4,8 @@
     litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
     litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric val/loss:min
 
-Writes report.md, report.csv and report.png (``litlab.report``): one row per configuration against a
-baseline; runs that differ only in their seed are one row with confidence intervals (docs/sweeps.md).
-Exits 1 after writing the report when a row did not complete (failed, interrupted, not started,
-running), 2 on bad input (one ``litlab: error:`` line, no report).
+Writes report.md, report.csv and report.png (``litlab.report``, docs/sweeps.md); exits 1 after it
+when a row did not complete, 2 on bad input (one ``litlab: error:`` line, no report).
 """
 
 from __future__ import annotations

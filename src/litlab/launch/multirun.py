@@ -172,13 +172,9 @@ def describe_exit(returncode: int) -> str:
 
 
 def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAILED) -> None:
-    """Make sure the summary.json of a job whose process ended badly says so and why (rank 0 writes
-    it; the pool and this module's jobs alike); ``status``: interrupted for a job its sweep stopped.
-
-    A run that stopped while training already wrote a full summary (``Run.recording_failure``:
-    failed, interrupted); one that failed before its Trainer existed (its storage root) or whose
-    process died gets the fields its config knows.
-    """
+    """Make sure the summary.json of a job whose process ended badly says so and why (``status``:
+    interrupted where its sweep stopped it); one its run wrote as it stopped stays, else the fields its
+    config knows (``Summary.failed``). Rank 0 writes it."""
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"

@@ -372,7 +372,7 @@ class DevicePoolLauncher(Launcher):
             from litlab.run.summary import INTERRUPTED
 
             why = self._stopped
-            for job in queue.values():  # their folders exist: say why they hold no run
+            for job in queue.values():  # never started: the record says why
                 self._not_started(job, f"the sweep was stopped by {why} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", why)
             if self._signalled:

@@ -1,12 +1,7 @@
-"""litlab's Optuna search: a Hydra sweeper on Optuna's ask-and-tell API (``hparams_search=optuna``).
-
-``OptunaSearch`` is registered as ``hydra/sweeper=optuna`` through ``hydra_plugins.litlab_search`` and
-imports Optuna only when a search starts. A trial is asked for whenever the pool has a free slot; the
-study lives in Optuna RDB storage, named by the command (``study_name_of``), so the same command
-continues it, on one machine or many; a trial whose heartbeat stopped is retried with its parameters,
-and no more than ``n_trials`` are spent. A database that stops answering is waited for, up to
-``storage_outage_s``; past that the sweep stops its trials at a checkpoint and ends in one line. The
-best trial is written to ``<sweep dir>/best_trial.yaml``. What it guarantees and how: docs/sweeps.md.
+"""litlab's Optuna search (``hparams_search=optuna``, ``hydra/sweeper=optuna`` through
+``hydra_plugins.litlab_search``): a Hydra sweeper on Optuna's ask-and-tell API that asks whenever the
+pool has a free slot, on a study the same command continues (imported when a search starts). What it
+guarantees and how: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -82,14 +77,8 @@ WAIT_FOR_OTHERS_S = 2.0
 
 
 def distribution_of(override: Override) -> Any:
-    """The Optuna distribution of one sweep override in Hydra's syntax:
-
-    - ``interval(a, b)``: a float in [a, b]; ``tag(log, interval(a, b))`` log-uniform;
-      ``tag(int, interval(a, b))`` (or ``tag(int, log, ...)``) an integer;
-    - ``range(start, stop[, step])``: the values ``range`` lists (stop excluded), as a stepped int or
-      float distribution; ``shuffle(range(...))`` a categorical;
-    - ``choice(a, b, ...)`` or ``a,b,...``: a categorical.
-    """
+    """The Optuna distribution of one sweep override in Hydra's syntax (``interval``, ``tag(log|int,
+    ...)``, ``range``, ``shuffle(range(...))``, ``choice`` or ``a,b``: docs/sweeps.md)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
