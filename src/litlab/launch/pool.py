@@ -413,7 +413,7 @@ class DevicePoolLauncher(Launcher):
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
         """The job, composed; its JobReturn instead where it never starts (too large for the pool, on
         several nodes) or its run completed."""
-        from litlab.config.identity import found_in_storage, run_identity
+        from litlab.config.identity import run_identity
         from litlab.config.rules import device_count
         from litlab.launch.multirun import child_command, job_config
         from litlab.run import sweep_record
@@ -441,13 +441,7 @@ class DevicePoolLauncher(Launcher):
             from litlab.storage.roots import RunStorage
 
             job.storage = RunStorage(root, identity)
-        # The read-only half of the job's own resume decision: its run completed with this code.
-        found = (
-            found_in_storage(task_cfg, config.hydra, identity)
-            if job.storage and str(task_cfg.get("resume")) == "auto"
-            else None
-        )
-        completed = found.completed_summary if found is not None else None
+        completed = self._completed(task_cfg, config.hydra, identity) if job.storage else None
         if completed is None:
             return job
         log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
@@ -524,6 +518,17 @@ class DevicePoolLauncher(Launcher):
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
         return task_cfg
+
+    @staticmethod
+    def _completed(task_cfg: DictConfig, hydra_cfg: DictConfig, identity: str) -> dict[str, Any] | None:
+        """The summary of the job's run where it completed with the code as it is now (``resume=auto``):
+        the read-only half of the job's own resume decision."""
+        from litlab.config.identity import found_in_storage
+
+        found = (
+            found_in_storage(task_cfg, hydra_cfg, identity) if str(task_cfg.get("resume")) == "auto" else None
+        )
+        return found.completed_summary if found is not None else None
 
     def _look_beside(self) -> None:
         """Other processes' runs training on this machine while the jobs run (their locks in the
