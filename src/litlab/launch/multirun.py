@@ -86,34 +86,17 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     return value
 
 
-def record_job(
-    hydra: DictConfig,
-    job_dir: Path,
-    summary: dict,
-    outcome: str,
-    note: str | None = None,
-    pool: dict | None = None,
-) -> None:
-    """The sweep's record of a job (``hydra``: the job's hydra config) that ended with ``summary``;
-    ``pool``: the device pool's own record of the job (``sweep_record.write_job``)."""
-    sweep_record.write_job(
-        Path(str(hydra.sweep.dir)),
-        int(hydra.job.num),
-        outcome,
-        summary,
-        run_dir=job_dir,
-        overrides=typed_overrides(hydra.overrides.task),
-        note=note,
-        pool=pool,
-    )
-    changed = summary.get("resumed_across")
+def record_job(hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, note=None, pool=None) -> None:
+    """The sweep's record of a job (``hydra``: the job's hydra config) with ``summary``; ``pool``: the
+    device pool's record of the attempt (``sweep_record.write_job``)."""
+    overrides = typed_overrides(hydra.overrides.task)
+    where = (Path(str(hydra.sweep.dir)), int(hydra.job.num), outcome, summary)
+    sweep_record.write_job(*where, run_dir=job_dir, overrides=overrides, note=note, pool=pool)
+    changed = ", ".join(summary.get("resumed_across") or [])
     if changed:  # said in the sweep's log too, not only in the run's train.log
         log.warning(
-            "job %s resumed run %s across a change (%s): it trained partly under each, so its report "
-            "row is marked and left out of significance tests",
-            hydra.job.num,
-            summary.get("run_name"),
-            ", ".join(changed),
+            f"job {hydra.job.num} resumed run {summary.get('run_name')} across a change ({changed}): it "
+            "trained partly under each, so its report row is marked and left out of significance tests"
         )
 
 

@@ -304,15 +304,9 @@ class DevicePoolLauncher(Launcher):
             sys.stderr.write(error_line(error) + "\n")
             raise SystemExit(EXIT_REFUSED) from None
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
-        log.info(
-            "Launching %s on a pool of %d device%s (%s), %d job%s per device",
-            count,
-            len(ids),
-            "" if len(ids) == 1 else "s",
-            ",".join(ids),
-            schedule.jobs_per_device,
-            "" if schedule.jobs_per_device == 1 else "s",
-        )
+        slots = f"{schedule.jobs_per_device} job{'s' * (schedule.jobs_per_device > 1)} per device"
+        devices = f"{len(ids)} device{'s' * (len(ids) > 1)} ({','.join(ids)})"
+        log.info(f"Launching {count} on a pool of {devices}, {slots}")
         sweep_hydra_config = HydraConfig.instance().cfg  # each job's is set while it is prepared
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._stopped, self._signalled = None, False
@@ -587,13 +581,8 @@ class DevicePoolLauncher(Launcher):
         self._running[job.index] = job
         if self._stopped is not None:  # stopped from a sweeper's own thread as it started
             self._terminate(job)
-        log.info(
-            "job %d started on device(s) %s, cores %s: %s",
-            job.index,
-            ",".join(job.devices),
-            ",".join(map(str, job.cores)),
-            job.dir / "output.log",
-        )
+        where = f"device(s) {','.join(job.devices)}, cores {','.join(map(str, job.cores))}"
+        log.info(f"job {job.index} started on {where}: {job.dir / 'output.log'}")
 
     def _finish(self, job: _Job) -> JobReturn:
         """The job ended: a failure its process could not write goes into its summary.json (interrupted

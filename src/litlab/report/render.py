@@ -357,25 +357,16 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     throughput = f"{report.throughput_unit}_per_second"
     for axis, name in ((throughput_axis, throughput), (memory_axis, "peak_memory_mib")):
         values = [float(row[name]) if finite(row[name]) else 0.0 for row in rows]
-        color = [colors[str(row["precision"])] for row in rows]
-        bars = axis.bar(
-            positions, values, color=color, edgecolor="black", yerr=_error_bars(rows, name), capsize=4
-        )
+        color, error = [colors[str(row["precision"])] for row in rows], _error_bars(rows, name)
+        bars = axis.bar(positions, values, color=color, edgecolor="black", yerr=error, capsize=4)
         for bar, row in zip(bars, rows, strict=True):
             bar.set_hatch("//" if row["is_baseline"] else "")
         axis.set_ylabel(_HEADERS[name])
     for position, row in zip(positions, rows, strict=True):
         top = max([v for v in (row[throughput], row[f"{throughput}_ci95_high"]) if finite(v)], default=0.0)
+        style = {"textcoords": "offset points", "ha": "center", "fontsize": 7}
         color = "#c44e52" if unfinished(row) else "black"
-        throughput_axis.annotate(
-            _bar_note(row, report),
-            (position, top),
-            (0, 3),
-            textcoords="offset points",
-            ha="center",
-            fontsize=7,
-            color=color,
-        )
+        throughput_axis.annotate(_bar_note(row, report), (position, top), (0, 3), color=color, **style)
     throughput_axis.margins(y=0.25)
     labels = [_config_label(row, report) for row in rows]
     # A line per differing setting; tilted only when long lines or many bars would overlap.
@@ -397,11 +388,8 @@ def _bar_note(row: dict[str, Any], report: Report) -> str:
         note = _status_word(row).strip("*").replace(" ", "\n")
     elif row["n"] > 1:
         note += f"\nn={row['n']}"
-    return (
-        note
-        + ("\n† shared" if row["shared_node"] else "")
-        + ("\n‡ timed apart" if row["timed_apart"] else "")
-    )
+    marks = ("\n† shared" if row["shared_node"] else "") + ("\n‡ timed apart" if row["timed_apart"] else "")
+    return note + marks
 
 
 def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
@@ -412,16 +400,10 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
     for row in report.rows:
         if not any(row["curves"]):
             continue
-        precision = str(row["precision"])
-        style = _LINE_STYLES[styles.get(precision, 0) % len(_LINE_STYLES)]
-        styles[precision] = styles.get(precision, 0) + 1
-        label = _config_label(row, report, " ")
-        line = {
-            "color": colors[precision],
-            "linestyle": style,
-            "marker": ".",
-            "linewidth": 1.4 + row["is_baseline"],
-        }
+        precision, label = str(row["precision"]), _config_label(row, report, " ")
+        styles[precision] = styles.get(precision, -1) + 1
+        line = {"color": colors[precision], "linestyle": _LINE_STYLES[styles[precision] % 4], "marker": "."}
+        line["linewidth"] = 1.4 + row["is_baseline"]
         for points in row["curves"]:  # each run of the row, in the row's style; labelled once
             values = [point["value"] for point in points]
             by_time.plot([point["wall_s"] for point in points], values, label=label, **line)
