@@ -389,11 +389,8 @@ class DevicePoolLauncher(Launcher):
         more; ``run_queue`` then returns, and the jobs still queued are recorded as stopped by
         ``reason`` (``SIGTERM``, ``an outage of the study's database``) before they started."""
         if self._stopped is None:
-            log.warning(
-                "%s: stopping the %d running job(s) (SIGTERM: each writes preempted.ckpt)",
-                reason,
-                len(self._running),
-            )
+            running = f"the {len(self._running)} running job(s)"
+            log.warning(f"{reason}: stopping {running} (SIGTERM: each writes preempted.ckpt)")
             self._stopped = reason
         for job in list(self._running.values()):  # also called from a sweeper's own thread
             self._terminate(job)
