@@ -236,8 +236,9 @@ def write_checkpoint_of_another_model(log_dir: Path, path: Path, model: dict | N
     return path
 
 
-ERROR_PREFIX = {name: "litlab: error: " for name in ("litlab-train", "litlab-eval", "litlab-predict")}
-ERROR_PREFIX["litlab-compare"] = "litlab-compare: error: "
+ERROR_PREFIX = dict.fromkeys(
+    ["litlab-train", "litlab-eval", "litlab-predict", "litlab-compare"], "litlab: error: "
+)
 
 
 PREFLIGHT_ROWS = [name for name, case in CASES.items() if case.before_torch]

@@ -54,7 +54,7 @@ def test_dockerfile_builds_the_image_litlab_documents():
     steps = instructions(DOCKERFILE)
     (base,) = [arguments for keyword, arguments in steps if keyword == "FROM"]
     image, _, tag = base.partition(":")
-    assert image == "docker.io/nvidia/cuda" and "runtime" in tag, base  # a CUDA runtime base image, named in full
+    assert image == "docker.io/nvidia/cuda" and "runtime" in tag, base  # a CUDA runtime base, named in full
     assert re.match(r"\d+\.\d+\.\d+-", tag), f"base image not pinned to a CUDA version: {base}"
     users = [arguments for keyword, arguments in steps if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0"), users  # runs as non-root

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from litlab.cli.compare import main as compare_main
 from litlab.launch.pool import cpu_share
 from litlab.report.collect import collect_runs
 from litlab.report.compare import build_report
@@ -145,6 +146,12 @@ def test_sigterm_stops_every_job_with_a_checkpoint_and_the_same_command_finishes
     while held_jobs(multiruns) < 2 and sweep.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert held_jobs(multiruns) == 2, sweep.communicate(timeout=60)[0][-4000:]
+    (live,) = multiruns.iterdir()  # compared mid-sweep: what ran, what runs
+    assert [row["status"] for row in build_report(collect_runs([live])).rows] == [
+        "completed",
+        "running",
+        "running",
+    ]
     sweep.send_signal(signal.SIGTERM)
     output, _ = sweep.communicate(timeout=120)
     assert sweep.returncode == 143, output[-4000:]
@@ -178,9 +185,34 @@ def test_sigterm_stops_every_job_with_a_checkpoint_and_the_same_command_finishes
     assert [j["outcome"] for j in second_jobs] == ["skipped", "trained", "trained"]
     assert f"job 0 of sweep {first}" in second_jobs[0]["note"]
     assert second_jobs[0]["summary"]["sweep"]["skipped"] is True  # its copy in the record says so
-    # The first sweep's report is what it did, though its runs completed since; a run that both
-    # sweeps list (job 0) counts once.
+    # The first sweep's report is what it did, though its runs completed since; compared with its
+    # re-run, each run counts once with its final status (it said 5 runs, 2 interrupted).
     assert [row["status"] for row in build_report(collect_runs([first])).rows] == ["completed"] + [
         "interrupted"
     ] * 2
-    assert build_report(collect_runs([first, second])).run_count == 5
+    both = build_report(collect_runs([first, second]))
+    assert (both.run_count, [row["status"] for row in both.rows]) == (3, ["completed"] * 3)
+
+
+def test_a_sweep_killed_outright_reports_every_planned_job_as_it_stands(tmp_path):
+    """SIGKILL once job 1 trained (one job at a time): litlab-compare said "1 runs (1 completed, 0
+    failed)", exit 0. Job 1 was interrupted and job 2 never started."""
+    env = {**FAULTS_IMPORTABLE, "LITLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1"}
+    env["LITLAB_TEST_HOLD_AT"] = "SIGTERM:3"  # job 1 holds at step 3 (job 0 has 2 batches)
+    tiny = [t for t in BASE if not t.startswith("trainer.limit_train_batches")]
+    hold = "+callbacks.hold._target_=tests.faults.HoldAt"
+    sweep = start_litlab("litlab-train", "-m", "trainer.limit_train_batches=2,8,9", hold, *tiny, env=env)
+    multiruns = tmp_path / "logs" / "train" / "multiruns"
+    deadline = time.monotonic() + 240
+    while held_jobs(multiruns) < 1 and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert held_jobs(multiruns) == 1, sweep.communicate(timeout=60)[0][-4000:]
+    sweep.kill()
+    sweep.communicate(timeout=60)
+    (killed,) = multiruns.iterdir()
+    with pytest.raises(SystemExit) as exit:
+        compare_main([str(killed)])
+    assert exit.value.code == 1
+    assert (
+        "3 runs (1 completed, 1 interrupted, 1 not started, 0 failed)" in (killed / "report.md").read_text()
+    )

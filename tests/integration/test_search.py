@@ -18,6 +18,8 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from litlab.launch.search import storage_url
+from litlab.report.collect import collect_runs
+from litlab.report.compare import build_report
 from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok, start_litlab
 from tests.postgres_server import postgres_server  # noqa: F401  (a fixture: PostgreSQL 15 on 127.0.0.1)
 
@@ -92,6 +94,11 @@ def test_a_killed_search_continues_with_the_same_command_and_a_hopeless_trial_is
     assert json.loads((killed_job / "summary.json").read_text())["status"] == "interrupted"
     hold.unlink()
     assert [t.state for t in the_study(log_dir).trials] == [TrialState.COMPLETE, TrialState.RUNNING]
+    # Its record has the trial it was killed in (it used to lose it): interrupted, not missing.
+    assert [row["status"] for row in build_report(collect_runs([killed_sweep])).rows] == [
+        "completed",
+        "interrupted",
+    ]
 
     result = litlab("litlab-train", *command, env=env, timeout=480)
     ok(result)  # a pruned trial is not a failure

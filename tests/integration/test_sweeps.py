@@ -194,15 +194,11 @@ def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tm
     ok(litlab("litlab-compare", str(grid_sweep), str(second), "--out", str(out)))
     rows = report_rows(out)
     grid_runs, second_runs = summaries(grid_sweep), summaries(second)
-    # The joblib sweep ran the grid's fp32 settings (accumulation 1 and 2) with the same code: two
-    # distinct runs of each of those configurations, one row each with n = 2.
-    g, s = grid_sweep.name, second.name
-    assert [(r["run"], r["n"]) for r in rows] == [
-        (f"{g}/0, {s}/0", "2"),
-        (f"{g}/1, {s}/1", "2"),
-        (f"{g}/2", "1"),
-        (f"{g}/3", "1"),
-    ]
+    # The joblib sweep ran the grid's fp32 settings (accumulation 1 and 2) with the same code and
+    # seed: those runs again, so one seed each (n = 1, never 2) with both sweeps' timings.
+    g = grid_sweep.name
+    assert [(r["n"], r["timings"]) for r in rows] == [("1", "2"), ("1", "2"), ("1", "1"), ("1", "1")]
+    assert [r["run"] for r in rows][2:] == [f"{g}/2", f"{g}/3"]
     runs_of_rows = [
         [grid_runs[0], second_runs[0]],
         [grid_runs[1], second_runs[1]],
@@ -210,7 +206,7 @@ def test_compare_two_sweeps_made_at_different_times(grid_sweep, joblib_sweep, tm
         [grid_runs[3]],
     ]
     # Same settings, same device count: the fp32, accumulation 1 configuration is every row's baseline.
-    assert {r["baseline"] for r in rows} == {f"{g}/0, {s}/0"}
+    assert {r["baseline"] for r in rows} == {rows[0]["run"]}
 
     def mean_speed(runs: list[dict]) -> float:
         return sum(run["throughput"]["samples_per_second"] for run in runs) / len(runs)

@@ -189,10 +189,10 @@ def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, mo
     code = code_version(task_cfg, config.hydra).record()
     resume.record_start(storage, resume.Decision(code=code), tmp_path / "job")
     storage.write_text("summary.json", json.dumps({"status": "completed", "run_name": storage.identity}))
-    found, summary = DevicePoolLauncher._found_in_storage(task_cfg, config.hydra, run_identity(task_cfg))
-    assert found == "skipped" and summary["run_name"] == storage.identity
+    summary = DevicePoolLauncher._completed(task_cfg, config.hydra, run_identity(task_cfg))
+    assert summary["run_name"] == storage.identity
     (package / "__init__.py").write_text(MARKER.replace("pass", "width = 2"))
-    assert DevicePoolLauncher._found_in_storage(task_cfg, config.hydra, run_identity(task_cfg)) is None
+    assert DevicePoolLauncher._completed(task_cfg, config.hydra, run_identity(task_cfg)) is None
 
 
 def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_changed(tmp_path):

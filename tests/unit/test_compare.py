@@ -188,8 +188,9 @@ def test_compare_cli_writes_the_report_of_a_sweep_and_of_run_directories(tmp_pat
         (["{tmp}"], ["neither a run directory", "sweep directory"]),
         (["{tmp}/sweep", "--baseline", "precision"], ["'precision'", "key=value"]),
         (["{tmp}/sweep", "{tmp}/sweep"], ["--out"]),
+        (["{tmp}/sweep", "--metric", "val/acuracy"], ["--metric val/acuracy: no run logged it", "val/acc"]),
     ],
-    ids=["missing path", "no runs", "bad baseline", "several dirs without --out"],
+    ids=["missing path", "no runs", "bad baseline", "several dirs without --out", "metric not logged"],
 )
 def test_compare_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words, capsys):
     write_job(tmp_path / "sweep", 0)
@@ -197,6 +198,6 @@ def test_compare_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words, cap
         compare_main([a.format(tmp=tmp_path) for a in args])
     assert exit.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("litlab-compare: error:"), lines
+    assert len(lines) == 1 and lines[0].startswith("litlab: error:"), lines
     assert all(word in lines[0] for word in words), lines[0]
     assert not (tmp_path / "report.md").exists()

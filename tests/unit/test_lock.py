@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from litlab.storage.lock import STALE_AFTER_S, Holder, RunLock, RunLocked, check_not_locked, lock_url
+from litlab.storage.lock import (
+    HANDOVER_ENV,
+    STALE_AFTER_S,
+    Holder,
+    RunLock,
+    RunLocked,
+    check_not_locked,
+    give_back,
+    lock_url,
+)
 from litlab.storage.roots import RunStorage, StorageError
 
 
@@ -139,3 +148,19 @@ def test_a_heartbeat_that_fails_once_the_run_has_ended_says_nothing(storage, mon
     monkeypatch.setattr(storage.fs, "cat_file", read_failing_after_the_run_ended)
     lock._beat()
     assert "lock heartbeat" not in caplog.text
+
+
+def test_a_sweeps_claim_is_taken_over_by_its_jobs_process_alone_and_quietly(storage, monkeypatch, caplog):
+    """The pool takes the lock before it starts the job (another sweep sharing the run then sees it
+    held); the job's process, given the claim's token, takes it over without a warning."""
+    write_lock(storage, token="the-sweeps", host=socket.gethostname(), pid=1)  # pid 1: alive, not ours
+    with pytest.raises(RunLocked):  # any other process: held
+        RunLock(storage).acquire()
+    monkeypatch.setenv(HANDOVER_ENV, "the-sweeps")
+    job = RunLock(storage)
+    job.acquire()
+    assert json.loads(Path(lock_url(storage)).read_text())["token"] == job.holder.token
+    assert "taking over" not in caplog.text
+    give_back(storage, Holder.of(json.loads(json.dumps({**vars(job.holder), "token": "the-sweeps"}))))
+    assert Path(lock_url(storage)).is_file()  # the sweep's give_back leaves its job's lock
+    job.release()

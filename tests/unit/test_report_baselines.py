@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from litlab.report.collect import CompareError, RunResult
+from litlab.report.collect import CompareError, RunResult, collect_runs
 from litlab.report.compare import (
     DEFAULT_BASELINE,
     build_report,
@@ -22,8 +22,8 @@ from litlab.report.compare import (
 from litlab.run.summary import Summary
 
 
-def run(label: str, *overrides: str, status: str = "completed", config: dict | None = None, **fields):
-    """A run as collect_runs reads it: a summary (the fields given) and, optionally, a config."""
+def run(label: str, *overrides: str, status: str = "completed", **fields):
+    """A run as collect_runs reads it: a summary (the fields given)."""
     defaults = {
         "groups": {"precision": "fp32"},
         "devices": 1,
@@ -34,7 +34,7 @@ def run(label: str, *overrides: str, status: str = "completed", config: dict | N
         "memory": {"kind": "cpu_rss", "peak_mib": 200.0},
     }
     summary = Summary(status=status, overrides=list(overrides), **{**defaults, **fields})
-    return RunResult(label, Path("/runs") / label, summary, OmegaConf.create(config) if config else None)
+    return RunResult(label, Path("/runs") / label, summary)
 
 
 def row_of(report, label: str) -> dict:
@@ -96,15 +96,15 @@ def test_ratios_against_slow_baselines_below_one_sample_per_second():
     assert row_of(build_report([base, other]), "b")["speed_up"] == 2.0
 
 
-def test_a_saved_config_with_interpolations_that_do_not_resolve_is_read_without_them():
-    config = {"optimized_metric": "${absent.metric}", "paths": {"output_dir": "${absent.dir}"}}
+def test_values_are_read_from_the_summary_not_the_config_a_run_saved():
+    # Its config's interpolations may not resolve outside the run: the summary says what ran.
     runs = [
-        run("a", "precision=fp32", "paths.output_dir=x", config=config),
-        run("b", "precision=bf16", "paths.output_dir=y", groups={"precision": "bf16"}, config=config),
+        run("a", "precision=fp32", "paths.output_dir=x"),
+        run("b", "precision=bf16", "paths.output_dir=y", groups={"precision": "bf16"}),
     ]
     report = build_report(runs)
-    assert report.metric == "val/acc"  # the unresolvable name is no name
-    assert row_of(report, "b")["differs"] == {"paths.output_dir": "y"}  # from the override instead
+    assert report.metric == "val/acc"  # no optimized_metric recorded: the default
+    assert row_of(report, "b")["differs"] == {"paths.output_dir": "y"}  # from the override
 
 
 def test_memory_of_different_kinds_is_not_compared():
@@ -152,8 +152,8 @@ def test_a_baseline_must_have_completed_and_a_failed_run_gets_no_figures():
 
 
 def test_numbers_in_the_baseline_match_whatever_their_spelling():
-    base = run("a", "precision=fp32", "optimizer.lr=0.01", config={"optimizer": {"lr": 0.01}})
-    other = run("b", "precision=fp32", "optimizer.lr=1e-1", config={"optimizer": {"lr": 0.1}})
+    base = run("a", "precision=fp32", "optimizer.lr=0.01")
+    other = run("b", "precision=fp32", "optimizer.lr=1e-1")
     report = build_report([base, other], baseline="optimizer.lr=1e-2")
     assert [r["baseline"] for r in report.rows] == ["a", "a"]
     assert report.context_keys == []  # the baseline's key is what rows differ in, not their context
@@ -191,16 +191,16 @@ def test_swept_keys_leave_out_hydra_and_the_groups_that_choose_the_jobs():
         run("b", "hydra.job.num=1", "sweep=other", "+trainer.max_epochs=2", groups={"sweep": "other"}),
     ]
     assert build_report(runs).swept_keys == ["trainer.max_epochs"]
-    assert row_of(build_report(runs), "b")["differs"] == {"trainer.max_epochs": "2"}
+    assert row_of(build_report(runs), "b")["differs"] == {"trainer.max_epochs": 2}
 
 
-def test_a_key_is_looked_up_in_the_groups_then_the_summary_then_the_config_then_the_overrides():
+def test_a_key_is_looked_up_in_the_groups_then_the_summary_then_the_overrides():
     runs = [
-        run("a", "accumulation=1", "data.batch_size=8", config={"data": {"batch_size": 8}}),
+        run("a", "accumulation=1", "data.batch_size=8"),
         run("b", "accumulation=2", "data.batch_size=9", accumulate_grad_batches=2, micro_batch_size=16),
     ]
     report = build_report(runs, baseline="data.batch_size=8")
-    # accumulation comes from summary.json; b's micro-batch as it ran (16), a's from its config (8)
+    # accumulation comes from summary.json; b's micro-batch as it ran (16), a's from its override (8)
     assert report.swept_keys == ["trainer.accumulate_grad_batches", "data.batch_size"]
     assert [r["baseline"] for r in report.rows] == [None, None]  # accumulation 1 and 2: no shared context
     assert row_of(report, "a")["differs"] == {"data.batch_size": 8}
@@ -209,32 +209,55 @@ def test_a_key_is_looked_up_in_the_groups_then_the_summary_then_the_config_then_
 
 def test_list_values_are_compared_as_values():
     runs = [
-        run("a", "precision=fp32", "model.sizes=[1,2]", config={"model": {"sizes": [1, 2]}}),
-        run("b", "precision=bf16", "model.sizes=[1,2]", config={"model": {"sizes": [1, 2]}}),
+        run("a", "precision=fp32", "model.sizes=[1,2]"),
+        run("b", "precision=bf16", "model.sizes=[1,2]"),
     ]
     report = build_report(runs)
     assert report.swept_keys == [] and [r["baseline"] for r in report.rows] == ["a", "a"]
 
 
 def test_the_metric_and_its_direction_come_from_the_runs_optimized_metric():
+    logged = {"val/loss": 0.3, "test/loss": 0.31, "val/acc": 0.9}
     runs = [
-        run("a", "precision=fp32", optimized_metric="val/loss", optimized_metric_mode="min"),
-        run("b", "precision=bf16", groups={"precision": "bf16"}, optimized_metric="val/loss"),
+        run("a", "precision=fp32", optimized_metric="val/loss", optimized_metric_mode="min", metrics=logged),
+        run("b", "precision=bf16", groups={"precision": "bf16"}, optimized_metric="val/loss", metrics=logged),
     ]
     report = build_report(runs)
     assert (report.metric, report.metric_mode, report.test_metric) == ("val/loss", "min", "test/loss")
     twin = build_report(runs, metric="test/loss")
     assert (twin.metric_mode, twin.test_metric) == ("min", None)  # the test/ twin shares the direction
-    other = build_report(runs, metric="val/acc")
-    assert other.metric_mode == "max"
-    assert build_report(runs, metric="val/acc", metric_mode="min").metric_mode == "min"
+    assert build_report(runs, metric="val/acc:max").metric_mode == "max"
+    assert build_report(runs, metric="val/loss:max").metric_mode == "max"  # said: it wins
+
+
+def test_a_metric_whose_direction_no_run_records_must_be_given_one():
+    """``--metric val/acc`` of runs optimizing val/loss used to get mode max silently: the headline's
+    best and time-to-target then went the way nobody said."""
+    runs = [run("a", optimized_metric="val/loss", optimized_metric_mode="min", metrics={"val/acc": 0.9})]
+    with pytest.raises(CompareError) as refused:
+        build_report(runs, metric="val/acc")
+    assert str(refused.value) == (
+        "--metric val/acc: the runs record the direction of val/loss only; say which way is better: "
+        "--metric val/acc:min or --metric val/acc:max"
+    )
+    with pytest.raises(CompareError, match="the direction after ':' is min or max"):
+        build_report(runs, metric="val/acc:up")
+
+
+def test_a_metric_no_run_logged_is_refused_naming_the_logged_ones():
+    runs = [run("a", metrics={"val/acc": 0.9, "val/loss": 0.2}), run("b", status="failed", metrics={})]
+    with pytest.raises(CompareError) as refused:
+        build_report(runs, metric="val/acuracy:max")
+    assert str(refused.value) == "--metric val/acuracy: no run logged it; the runs logged val/acc, val/loss"
 
 
 def test_a_metric_name_with_several_parts_keeps_them_in_its_twin_and_direction():
-    runs = [run("a", optimized_metric="val/top1/acc", optimized_metric_mode="min")]
+    logged = {"val/top1/acc": 0.5, "test/top5/acc": 0.6, "val/top1/loss": 0.1}
+    runs = [run("a", optimized_metric="val/top1/acc", optimized_metric_mode="min", metrics=logged)]
     assert build_report(runs).test_metric == "test/top1/acc"
     assert build_report(runs, metric="test/top5/acc").metric_mode == "min"  # same last part: a twin
-    assert build_report(runs, metric="val/top1/loss").metric_mode == "max"
+    with pytest.raises(CompareError, match="--metric val/top1/loss:min or"):
+        build_report(runs, metric="val/top1/loss")
 
 
 def test_the_report_records_the_baseline_it_was_asked_for():
@@ -242,12 +265,12 @@ def test_the_report_records_the_baseline_it_was_asked_for():
     assert build_report([run("a")], baseline="devices=1").baseline == "devices=1"
 
 
-def test_the_metric_is_read_from_the_config_when_the_summary_has_none():
-    config = {"optimized_metric": "val/perplexity", "optimized_metric_mode": "min"}
-    report = build_report([run("a", status="failed", config=config)])
+def test_the_metric_of_a_job_that_wrote_no_summary_is_read_from_its_config(tmp_path):
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)
+    config = {"optimized_metric": "val/perplexity", "optimized_metric_mode": "min", "trainer": {"devices": 1}}
+    OmegaConf.save(OmegaConf.create(config), tmp_path / "0" / ".hydra" / "config.yaml")
+    report = build_report(collect_runs([tmp_path]))
     assert (report.metric, report.metric_mode) == ("val/perplexity", "min")
-    report = build_report([run("a", config={"optimized_metric": "val/f1"})])
-    assert (report.metric, report.metric_mode) == ("val/f1", "max")
     assert (build_report([run("a")]).metric, build_report([run("a")]).metric_mode) == ("val/acc", "max")
 
 
@@ -315,16 +338,9 @@ def test_seconds_to_the_baseline_follow_the_metrics_direction():
 
 
 def test_values_with_an_equals_sign_and_dict_values_are_read_whole():
-    config = {"model": {"net": {"width": 1}}}
     runs = [
-        run("a", "precision=fp32", "data.name=a=b", "model.net={width:1}", config=config),
-        run(
-            "b",
-            "precision=fp32",
-            "data.name=c=d",
-            "model.net={width:2}",
-            config={"model": {"net": {"width": 2}}},
-        ),
+        run("a", "precision=fp32", "data.name=a=b", "model.net={width:1}"),
+        run("b", "precision=fp32", "data.name=c=d", "model.net={width:2}"),
     ]
     report = build_report(runs, baseline="data.name=a=b")
     assert report.swept_keys == ["data.name", "model.net"]
@@ -365,14 +381,11 @@ def test_a_row_carries_the_runs_own_figures_and_findings():
         "num_nodes": 3,
         "micro_batch_size": 8,
         "effective_batch_size": 32,
-        "samples_per_second": 5.0,
-        "tokens_per_second": 7.0,
+        "samples_per_second": None,  # a timing is a completed attempt's
+        "tokens_per_second": None,
         "seconds_per_epoch": 9.0,
         "memory_kind": "cuda",
         "peak_memory_mib": 1.0,
-        "max_allocated_mib_per_rank": [1.0],
-        "max_reserved_mib_per_rank": [2.0],
-        "peak_rss_mib_per_rank": [3.0],
         "metric": 0.5,
         "test_metric": 0.4,
         "diagnosis": ["overfitting"],

@@ -266,7 +266,7 @@ def test_a_pruned_trial_is_a_pruned_row_with_its_epoch_not_a_failure(tmp_path):
     assert "| pruned (epoch 2) |" in markdown and "## Failed runs" not in markdown
     report = build_report(collect_runs([tmp_path]))
     assert [row for row in report.rows if row["status"] == "failed"] == []
-    assert [row["run"] for row in report.pruned] == ["#1"]
+    assert [row["run"] for row in report.rows if row["status"] == "pruned"] == ["#1"]
 
     write_job(tmp_path, 3, seed=None, precision="fp32", status="failed", extra_overrides=("optimizer.lr=1",))
     with pytest.raises(SystemExit) as exit:  # a failure still makes the multirun exit non-zero
@@ -275,10 +275,8 @@ def test_a_pruned_trial_is_a_pruned_row_with_its_epoch_not_a_failure(tmp_path):
 
 
 def test_rows_whose_jobs_shared_the_node_are_marked_with_one_line_on_solo_timings(tmp_path):
-    write_job(tmp_path, 0, seed=1, precision="fp32", beside=[1])
-    write_job(tmp_path, 1, seed=1, precision="bf16", beside=[0])
-    write_job(tmp_path, 2, seed=2, precision="fp32", samples_per_second=1010.0)
-    write_job(tmp_path, 3, seed=2, precision="bf16", samples_per_second=1200.0)
+    for job, (seed, precision) in enumerate([(1, "fp32"), (1, "bf16"), (2, "fp32"), (2, "bf16")]):
+        write_job(tmp_path, job, seed=seed, precision=precision, beside=[job ^ 1])
     write_job(tmp_path, 4, seed=None, precision="fp16", extra_overrides=("trainer.max_epochs=2",))
     report_runs([tmp_path], tmp_path)
     rows = csv_rows(tmp_path)
@@ -289,8 +287,20 @@ def test_rows_whose_jobs_shared_the_node_are_marked_with_one_line_on_solo_timing
     ]
     markdown = (tmp_path / "report.md").read_text()
     (line,) = [line for line in markdown.splitlines() if "solo timing" in line]
-    assert "#0, #2" in line and "#4" not in line and "`hydra.launcher.devices=1` gives solo timings" in line
+    assert "#0, #2" in line and "#4" not in line and "`hydra.launcher.devices=1 resume=never`" in line
     assert sum("| completed † |" in row for row in markdown.splitlines()) == 2
+
+
+def test_a_row_with_solo_timings_combines_only_those_and_is_not_marked(tmp_path):
+    """The same seeds timed beside other jobs, then alone (``resume=never hydra.launcher.devices=1``):
+    the row's throughput is the solo timings', never a mean of both kinds."""
+    write_job(tmp_path, 0, seed=1, precision="fp32", samples_per_second=500.0, beside=[1])
+    write_job(tmp_path, 1, seed=2, precision="fp32", samples_per_second=520.0, beside=[0])
+    write_job(tmp_path, 2, seed=3, precision="fp32", samples_per_second=1000.0)
+    write_job(tmp_path, 3, seed=4, precision="fp32", samples_per_second=1010.0)
+    (row,) = build_report(collect_runs([tmp_path])).rows
+    assert (row["n"], row["timings"], row["shared_node"]) == (4, 2, False)
+    assert row["samples_per_second_values"] == [1000.0, 1010.0]
 
 
 def test_litlab_compare_groups_seeds_gathered_from_several_sweeps(tmp_path):

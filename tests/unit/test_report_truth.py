@@ -14,10 +14,16 @@ import csv
 import hashlib
 import json
 import logging
+import os
+import socket
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from omegaconf import OmegaConf
 from scipy import stats
@@ -27,11 +33,12 @@ from litlab.report.callback import SweepReport
 from litlab.report.collect import collect_runs
 from litlab.report.compare import build_report
 from litlab.report.render import report_runs
+from litlab.report.stats import estimate
 from litlab.run import sweep_record
 
 CODE = "8373778d" + "a" * 32  # the user's code before an edit
 EDITED = "c6928336" + "b" * 32  # and after it
-PRECISION_VALUES = {"fp32": "32-true", "bf16": "bf16-mixed"}
+PRECISION_VALUES = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 
 def summary(
@@ -83,7 +90,7 @@ def summary(
         "throughput": {"samples_per_second": samples_per_second} if measured else {},
         "memory": {"kind": "cpu_rss", "peak_mib": 500.0, "peak_rss_mib_per_rank": [500.0]},
         "started_at": started_at,
-        "finished_at": started_at.replace("T10:", "T11:"),
+        "finished_at": started_at and started_at.replace("T10:", "T11:"),
         "code_fingerprint": code,
         "settings": ran,
         "resumed_across": [],
@@ -98,9 +105,10 @@ def write_sweep(
     outcomes: dict[int, str] | None = None,
     notes: dict[int, str] | None = None,
     same_runs: list[dict[str, Any]] | None = None,
+    processes: dict[int, dict[str, Any]] | None = None,
 ) -> Path:
     """A sweep folder holding only its record: job n ended with ``summaries[n]`` (trained, unless
-    ``outcomes`` says otherwise)."""
+    ``outcomes`` says otherwise; a running job's watching process in ``processes``)."""
     record = sweep_dir / sweep_record.RECORD_DIR
     record.mkdir(parents=True)
     arguments = sorted({o for s in summaries for o in s["overrides"]})
@@ -114,6 +122,7 @@ def write_sweep(
             "run_dir": ended["run_dir"],
             "overrides": ended["overrides"],
             "summary": ended,
+            "process": (processes or {}).get(job_num),
         }
         (record / f"{job_num}.json").write_text(json.dumps(entry))
     return sweep_dir
@@ -174,7 +183,7 @@ def test_a_run_reached_by_two_sweeps_is_counted_once(tmp_path):
     assert row["samples_per_second_values"] == list(throughput.values())  # each run once
     assert row["samples_per_second"] == pytest.approx(statistics.fmean(throughput.values()))
     assert report.notes == [
-        f"monday/1, tuesday/0 are one run ({runs[2]['run_name']}, started {runs[2]['started_at']}): "
+        f"monday/1, tuesday/0 are attempts of one run ({runs[2]['run_name']}, completed): "
         "counted once, as monday/1"
     ]
     assert csv_rows(tmp_path / "out")[0]["n"] == "3"
@@ -263,7 +272,7 @@ def test_a_run_resumed_across_a_code_change_is_marked_and_kept_out_of_tests(tmp_
     )
     assert resumed["speed_up_p_value"] is None and resumed["metric_delta_p_value"] is None
     markdown = (sweep / "report.md").read_text()
-    assert f"completed; trained under two code versions: {CODE[:8]}→{EDITED[:8]}" in markdown
+    assert f"completed; resumed across code {CODE[:8]}→{EDITED[:8]}" in markdown
     assert "not tested (resumed across a change)" in markdown
     assert [row["resumed_across"] for row in csv_rows(sweep)] == ["", "", change]
 
@@ -282,7 +291,7 @@ def test_no_p_value_against_a_baseline_resumed_across_a_change(tmp_path):
     assert (compared["speed_up_p_value"], compared["speed_up_significant"]) == (None, None)
     assert compared["not_tested"] == "resumed across a change"
     markdown = (sweep / "report.md").read_text()
-    assert "trained under two settings: 1a2b3c4d→5e6f7a8b" in markdown
+    assert "resumed across settings 1a2b3c4d→5e6f7a8b" in markdown
     (words,) = [line for line in markdown.splitlines() if line.startswith("- ") and "#2, #3" in line]
     assert f"speed-up {speed_up:.2f}x not tested (resumed across a change)" in words
 
@@ -361,11 +370,9 @@ def test_the_report_callback_reports_a_sweep_whose_jobs_were_all_skipped(tmp_pat
     assert "2 runs (2 completed, 0 failed)" in markdown and "## Skipped" in markdown
 
 
-def test_a_sweep_that_stopped_before_any_job_logs_one_line_and_writes_no_report(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_sweep_that_stopped_before_any_job_writes_and_says_no_report(tmp_path, monkeypatch, caplog):
     # -m precision=fp32,fp61: the sweep ends before any job; Hydra never calls on_multirun_end, the
-    # report is left to the process's exit.
+    # report is left to the process's exit, and the sweep's one line is its last.
     at_exit = []
     monkeypatch.setattr(atexit, "register", lambda function, *args: at_exit.append((function, args)))
     callback = SweepReport()
@@ -374,8 +381,7 @@ def test_a_sweep_that_stopped_before_any_job_logs_one_line_and_writes_no_report(
     with caplog.at_level(logging.INFO, logger="litlab.report"):
         function(*args)
     assert not (tmp_path / "report.md").exists()
-    (record,) = [r for r in caplog.records if r.name.startswith("litlab.report")]
-    assert record.exc_info is None and "no report" in record.getMessage()
+    assert [r for r in caplog.records if r.name.startswith("litlab.report")] == []
 
 
 def test_the_solo_timing_advice_trains_the_runs_again_with_resume_never(tmp_path):
@@ -384,3 +390,173 @@ def test_the_solo_timing_advice_trains_the_runs_again_with_resume_never(tmp_path
     report_runs([sweep], sweep)
     (line,) = [line for line in (sweep / "report.md").read_text().splitlines() if "solo timing" in line]
     assert "run the sweep again with `hydra.launcher.devices=1 resume=never`" in line
+
+
+def gone_process() -> dict[str, Any]:
+    """A record's ``process`` of a process that has ended (the sweep killed)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return {"host": socket.gethostname(), "pid": child.pid, "started": time.time() - 5}
+
+
+def this_process() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def test_a_killed_sweep_reports_its_interrupted_and_never_started_jobs(tmp_path):
+    """SIGKILL once job 1 trained: the report said "1 runs (1 completed, 0 failed)", exit 0."""
+    running = summary(precision="bf16", status="running", started_at="2026-12-01T10:05:00")
+    planned = summary(precision="bf16", seed=2, status="not started", started_at=None)
+    outcomes = {1: "running", 2: "planned"}
+    killed = write_sweep(
+        tmp_path / "killed", [summary(), running, planned], outcomes=outcomes, processes={1: gone_process()}
+    )
+    report = report_runs([killed], killed)
+    assert [row["status"] for row in report.rows] == ["completed", "interrupted", "not started"]
+    assert "the same command resumes it" in report.rows[1]["error"]
+    assert (
+        "3 runs (1 completed, 1 interrupted, 1 not started, 0 failed)" in (killed / "report.md").read_text()
+    )
+    # Compared while the sweep runs: the job its live process watches is running.
+    live = write_sweep(
+        tmp_path / "live", [summary(), running, planned], outcomes=outcomes, processes={1: this_process()}
+    )
+    assert [row["status"] for row in build_report(collect_runs([live])).rows] == [
+        "completed",
+        "running",
+        "not started",
+    ]
+    with pytest.raises(SystemExit) as exit:
+        compare_main([str(live)])
+    assert exit.value.code == 1
+
+
+def test_an_interrupted_sweep_compared_with_its_rerun_counts_each_run_once_with_its_final_status(
+    tmp_path, capsys
+):
+    """It said "5 runs (3 completed, 1 interrupted, 1 failed)", exit 1, of 3 runs that all completed."""
+    first = summary(seed=1)
+    cut = summary(seed=2, status="interrupted", error="SIGTERMException: ")
+    killed = summary(seed=3, status="failed", error="killed by SIGTERM", started_at=None)
+    monday = write_sweep(tmp_path / "monday", [first, cut, killed])
+    resumed = summary(seed=2, started_at="2026-12-02T10:00:00")
+    tuesday = write_sweep(
+        tmp_path / "tuesday",
+        [first, resumed, summary(seed=3, started_at="2026-12-02T11:00:00")],
+        outcomes={0: sweep_record.SKIPPED},
+    )
+    compare_main([str(monday), str(tuesday), "--out", str(tmp_path / "out")])  # exit 0: no SystemExit
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "3 runs (3 completed, 0 failed)" in markdown
+    (row,) = csv_rows(tmp_path / "out")
+    assert (row["n"], row["seeds"]) == ("3", "1;2;3")
+
+
+def test_n_counts_distinct_seeds_a_seed_run_again_adds_a_timing_only(tmp_path):
+    """``seed=1,2`` beside each other, then again with ``resume=never hydra.launcher.devices=1`` (the
+    recipe for solo timings): it said "n=4, seeds 1, 2, 1, 2", and narrowed every interval."""
+    accuracy = {1: 0.86, 2: 0.88}
+    shared = {1: 700.0, 2: 720.0}
+    solo = {1: 1000.0, 2: 1030.0}
+
+    def sweep(name: str, throughput: dict[int, float], beside: bool, started_at: str) -> Path:
+        pool = {"dir": name, "job_num": 0, "beside": [1] if beside else [], "timed_by": f"host {name}"}
+        runs = [
+            summary(
+                seed=seed,
+                val_acc=accuracy[seed],
+                samples_per_second=throughput[seed],
+                sweep=pool,
+                started_at=started_at,
+            )
+            for seed in (1, 2)
+        ]
+        return write_sweep(tmp_path / name, runs)
+
+    shared_sweep = sweep("shared", shared, beside=True, started_at="2026-12-01T10:00:00")
+    solo_sweep = sweep("solo", solo, beside=False, started_at="2026-12-01T12:00:00")
+    (row,) = build_report(collect_runs([shared_sweep, solo_sweep])).rows
+    assert (row["n"], row["seeds"], row["metric_values"]) == (2, [1, 2], [0.86, 0.88])
+    mean, low, high = estimate(accuracy.values())
+    assert (row["metric"], row["metric_ci95_low"], row["metric_ci95_high"]) == (mean, low, high)
+    # The solo timings alone: none taken beside other jobs is combined with them.
+    assert (row["timings"], row["samples_per_second_values"], row["shared_node"]) == (
+        2,
+        [1000.0, 1030.0],
+        False,
+    )
+
+
+def test_the_runs_resume_never_set_aside_are_not_runs_of_a_folder_of_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("default-1a2b3c4d5e", "default-1a2b3c4d5e.replaced-2026-12-01_10-00-00"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(json.dumps(summary()))
+    assert [run.label for run in collect_runs([runs])] == ["#default-1a2b3c4d5e"]
+
+
+def test_a_skipped_job_keeps_the_conditions_of_the_attempt_that_timed_it(tmp_path):
+    """``-m precision=fp32,bf16 hydra.launcher.devices=2`` (shared: †), then ``precision=fp32,bf16,fp16``:
+    the skipped rows lost their †, and fp16's 0.08x was against that disturbed baseline, unmarked; and
+    ``litlab-compare S2 S1`` showed no † where ``S1 S2`` did."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    ran = {
+        p: summary(precision=p, sweep={"dir": str(first), "job_num": n})
+        for n, p in enumerate(["fp32", "bf16"])
+    }
+    for job, run in enumerate(ran.values()):  # the pool's record of each attempt: beside the other job
+        pool = {"devices": [str(job)], "beside": [1 - job], "timed_by": "host 10:00"}
+        sweep_record.write_job(
+            first, job, sweep_record.TRAINED, run, run_dir=tmp_path / str(job), overrides=[], pool=pool
+        )
+    for job, run in enumerate(ran.values()):  # found completed: their summary.json as the runs wrote it
+        sweep_record.write_job(
+            second, job, sweep_record.SKIPPED, run, run_dir=tmp_path / str(job), overrides=[]
+        )
+    fp16 = summary(precision="fp16", samples_per_second=80.0)
+    pool = {"devices": ["0"], "beside": [], "timed_by": "host 11:00"}
+    sweep_record.write_job(
+        second, 2, sweep_record.TRAINED, fp16, run_dir=tmp_path / "2", overrides=[], pool=pool
+    )
+    report = report_runs([second], second)
+    assert [row["shared_node"] for row in report.rows] == [True, True, False]
+    assert report.rows[2]["speed_up"] == pytest.approx(80.0 / 1000.0)
+    assert (report.rows[2]["timed_apart"], report.rows[2]["speed_up_p_value"]) == (True, None)
+    markdown = (second / "report.md").read_text()
+    assert (
+        "| completed † |" in markdown
+        and "0.08x ‡" in markdown
+        and "‡ Timed under other conditions" in markdown
+    )
+
+    def figures(report: Any) -> list[tuple[Any, ...]]:
+        return [
+            (r["status"], r["samples_per_second"], r["shared_node"], r["timed_apart"], r["speed_up"])
+            for r in report.rows
+        ]
+
+    one_way = build_report(collect_runs([first, second]))
+    assert figures(one_way) == figures(build_report(collect_runs([second, first])))
+    assert [row["shared_node"] for row in one_way.rows] == [True, True, False]
+
+
+def test_a_rerun_after_a_crash_marks_a_speed_up_against_a_baseline_timed_by_the_earlier_start(tmp_path):
+    """The same command after a crash: bf16 got "15.57x" against fp32 timed 20 minutes earlier."""
+    sweep = tmp_path / "sweep"
+    fp32 = summary(sweep={"dir": str(sweep), "job_num": 0})
+    pool = {"beside": [], "timed_by": "host 10:00"}
+    sweep_record.write_job(
+        sweep, 0, sweep_record.TRAINED, fp32, run_dir=tmp_path / "0", overrides=[], pool=pool
+    )
+    sweep_record.write_job(
+        sweep, 0, sweep_record.SKIPPED, fp32, run_dir=tmp_path / "0", overrides=[]
+    )  # again
+    bf16 = summary(precision="bf16", samples_per_second=15570.0, started_at="2026-12-01T10:20:00")
+    pool = {"beside": [], "timed_by": "host 10:20"}
+    sweep_record.write_job(
+        sweep, 1, sweep_record.TRAINED, bf16, run_dir=tmp_path / "1", overrides=[], pool=pool
+    )
+    entry = sweep_record.read(sweep)[0][0]
+    assert entry["outcome"] == "skipped" and [e["outcome"] for e in entry["earlier"]] == ["trained"]
+    base, row = build_report(collect_runs([sweep])).rows
+    assert (row["speed_up"], row["timed_apart"], base["timed_apart"]) == (15.57, True, False)

@@ -20,6 +20,7 @@ from optuna.trial import TrialState, create_trial
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.launch import search
+from litlab.launch.multirun import JobPlan
 from litlab.launch.search import (
     TRIAL_ENV,
     UNUSED_ATTR,
@@ -151,6 +152,15 @@ def test_n_trials_counts_completed_pruned_and_failed_trials_that_are_not_retried
 # --- whole searches, in-process ------------------------------------------------------------------
 
 
+def record(sweep_dir: Path, job_idx: int, summary: dict, overrides: list[str]) -> None:
+    """What a launcher leaves for the sweeper: the job's entry in the sweep's record (and summary.json)."""
+    (sweep_dir / str(job_idx) / "summary.json").write_text(json.dumps(summary))
+    run_dir = sweep_dir / str(job_idx)
+    sweep_record.write_job(
+        sweep_dir, job_idx, sweep_record.TRAINED, summary, run_dir=run_dir, overrides=overrides
+    )
+
+
 class FunctionPool:
     """A launcher with ``run_queue`` whose jobs are a function of their overrides: it asks for up to
     ``slots`` jobs, then ends them one at a time (oldest first), writing each job's summary.json."""
@@ -181,7 +191,7 @@ class FunctionPool:
             summary = self.job(
                 dict(o.split("=", 1) for o in queued.overrides), json.loads(queued.env[TRIAL_ENV])
             )
-            (job_dir / "summary.json").write_text(json.dumps(summary))
+            record(self.sweep_dir, idx, summary, queued.overrides)
             result = JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED)
             result.return_value = (summary.get("metrics") or {}).get("val/acc")
             on_done(idx, result)
@@ -201,7 +211,8 @@ def searcher(
     )
     settings = {"params": SPACE, "n_trials": 4, "sampler": {"name": "random", "seed": 0}, **settings}
     sweeper = OptunaSearch(**settings)
-    sweeper.check_composes = lambda overrides: None  # no Hydra config loader here
+    # No Hydra config loader here: the trials' plans record nothing.
+    sweeper.check_composes = lambda overrides: JobPlan(0, overrides, tmp_path, None, None)
     sweeper.config = cfg
     sweeper.launcher = FunctionPool(tmp_path / sweep, job, slots)
     return sweeper, sweeper.launcher
@@ -287,6 +298,38 @@ def test_a_fixed_run_name_in_a_search_is_refused_before_any_trial(tmp_path, caps
     assert stopped.value.code == 2 and pool.started == []
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("litlab: error: jobs #0 (") and "would share the run name mine" in error
+
+
+def test_each_trial_is_in_the_sweeps_record_from_the_moment_it_is_asked_for(tmp_path, log_dir):
+    """A search killed with trial 2 running lost it: the record had an entry only when a job ended."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import HydraContext, RunMode
+
+    from litlab.config import resolvers, schema
+    from litlab.config.preflight import CONFIG_DIR
+
+    schema.register()
+    resolvers.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    sweep_dir = tmp_path / "sweep"
+    arguments = ["hparams_search=optuna", "model=mlp"]
+    cfg = loader.load_configuration(
+        "train", [*arguments, f"hydra.sweep.dir={sweep_dir}"], run_mode=RunMode.MULTIRUN
+    )
+    recorded_as_it_ran = []
+
+    def job(params, trial):  # while the trial runs: the record has it, planned
+        entries = sweep_record.read(sweep_dir)[0]
+        lr = f"optimizer.lr={params['optimizer.lr']}"
+        recorded_as_it_ran.extend(e["outcome"] for e in entries if lr in e["overrides"])
+        return completed(params, trial)
+
+    sweeper, _ = searcher(tmp_path, "sweep", job, n_trials=2)
+    del sweeper.check_composes  # composed with the real config loader
+    sweeper.hydra_context, sweeper.config = HydraContext(config_loader=loader, callbacks=None), cfg
+    sweeper.sweep(arguments)
+    assert recorded_as_it_ran == ["planned", "planned"]
 
 
 def test_pruned_failed_and_interrupted_trials(tmp_path):
@@ -493,7 +536,7 @@ class FunctionLauncher:
             job_dir = self.sweep_dir / str(initial_job_idx + offset)
             job_dir.mkdir(parents=True)
             params = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
-            (job_dir / "summary.json").write_text(json.dumps(completed(params, None)))
+            record(self.sweep_dir, initial_job_idx + offset, completed(params, None), overrides)
             returns.append(JobReturn(working_dir=str(job_dir), status=JobStatus.COMPLETED))
         return returns
 

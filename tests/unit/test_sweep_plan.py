@@ -8,19 +8,38 @@ was handed: what is under test is what reaches the launcher, and what the sweep 
 
 from __future__ import annotations
 
-import json
+import atexit
+import contextlib
+import dataclasses
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
+from hydra._internal.callbacks import Callbacks
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import HydraContext, RunMode
+from omegaconf import OmegaConf
 
 from litlab.config import resolvers, schema
+from litlab.config.identity import run_identity
 from litlab.config.preflight import CONFIG_DIR
+from litlab.errors import LitlabError
 from litlab.launch.grid import GridSweeper
+from litlab.launch.pool import DevicePoolLauncher, DeviceSchedule, QueuedJob
+from litlab.report.callback import SweepReport
+from litlab.report.collect import collect_runs
+from litlab.report.compare import build_report
 from litlab.run import sweep_record
+from litlab.storage import lock
+from litlab.storage.roots import RunStorage
 
 
 class RecordingLauncher:
@@ -128,25 +147,59 @@ def test_a_value_that_does_not_compose_is_one_line_and_leaves_no_sweep_folder(tm
     assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
 
 
-def test_a_sweep_folder_holds_one_sweep_the_same_sweep_again_starts_its_record_afresh(tmp_path, capsys):
-    first = grid(tmp_path)
-    first.sweep(["model=mlp", "precision=fp32,bf16"])
-    sweep_dir = tmp_path / "sweep"
-    # What the jobs leave: a record entry each, a link to a run folder, a refused job's own folder.
-    (sweep_dir / "0").symlink_to(tmp_path, target_is_directory=True)
-    (sweep_dir / "1").mkdir()
-    (sweep_dir / ".jobs" / "0.json").write_text(json.dumps({"job_num": 0, "summary": {}}))
+def test_every_planned_job_is_in_the_record_before_the_first_starts(tmp_path):
+    """A sweep killed after its first job used to report one run: the record held only jobs that ended."""
+    sweeper = grid(tmp_path)
+    sweeper.sweep(["model=mlp", "precision=fp32,bf16,fp16"])
+    entries, _ = sweep_record.read(tmp_path / "sweep")
+    plans = sweeper.plan(["model=mlp", "precision=fp32,bf16,fp16"])
+    assert [(e["outcome"], e["summary"]["status"]) for e in entries] == [("planned", "not started")] * 3
+    assert [e["summary"]["run_name"] for e in entries] == [plan.identity for plan in plans]
+    assert [e["summary"]["groups"]["precision"] for e in entries] == ["fp32", "bf16", "fp16"]
+    report = build_report(collect_runs([tmp_path / "sweep"]))
+    assert [row["status"] for row in report.rows] == ["not started"] * 3 and report.run_count == 3
 
-    other = grid(tmp_path)
+
+def test_a_sweep_folder_holds_one_sweep_and_the_same_sweep_again_keeps_its_record_and_files(
+    tmp_path, capsys, monkeypatch
+):
+    """``hydra.sweep.subdir=${hydra.job.num}``, then the same command with ``hydra.sweep.dir=`` that
+    folder (to finish what was left) used to delete the job folders, train.log and TensorBoard logs
+    with them, and every earlier entry of the record."""
+    sweep_dir = tmp_path / "sweep"
+    first = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
+    first.sweep(["model=mlp", "precision=fp32,bf16"])
+    # What job 0 left: its folder in the sweep's (its run's), and its entry, completed.
+    (sweep_dir / "0" / "tensorboard").mkdir(parents=True)
+    (sweep_dir / "0" / "train.log").write_text("trained\n")
+    completed = {"status": "completed", "run_name": "a", "started_at": "2026-12-01T10:00:00"}
+    sweep_record.write_job(
+        sweep_dir, 0, sweep_record.TRAINED, completed, run_dir=sweep_dir / "0", overrides=[]
+    )
+    monkeypatch.setattr(sweep_record, "_STARTED", set())  # each command below is a process of its own
+
+    other = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
+    at_exit = SweepReport()
+    monkeypatch.setattr(atexit, "register", lambda *args: None)  # called below, as the process exits
+    at_exit.on_multirun_start(
+        OmegaConf.create({"task_name": "train", "hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    )
     line = refusal(other, ["trainer.accumulate_grad_batches=1,2"], capsys)
     assert f"hydra.sweep.dir={sweep_dir} holds another sweep (model=mlp precision=fp32,bf16)" in line
-    assert other.launcher.jobs == [] and (sweep_dir / ".jobs" / "0.json").is_file()  # left as it was
+    at_exit._report_at_exit(sweep_dir)  # what runs as the refused process exits: no report of the other sweep
+    assert other.launcher.jobs == [] and not (sweep_dir / "report.md").exists()
 
-    again = grid(tmp_path)
+    again = grid(tmp_path, "hydra.sweep.subdir=${hydra.job.num}")
     again.sweep(["model=mlp", "precision=fp32,bf16"])
     assert len(again.launcher.jobs) == 2
-    assert sweep_record.read(sweep_dir)[0] == []  # the earlier start's entries are gone, not mixed in
-    assert not (sweep_dir / "0").exists() and not (sweep_dir / "1").exists()
+    entries, _ = sweep_record.read(sweep_dir)
+    assert [(e["outcome"], e["summary"]["status"]) for e in entries] == [
+        ("trained", "completed"),  # kept until this attempt's job 0 replaces it
+        ("planned", "not started"),
+    ]
+    assert (sweep_dir / "0" / "train.log").read_text() == "trained\n" and (
+        sweep_dir / "0" / "tensorboard"
+    ).is_dir()
 
 
 def test_the_fixed_values_of_a_users_sweep_file_are_part_of_each_runs_identity(tmp_path):
@@ -169,40 +222,105 @@ def test_the_fixed_values_of_a_users_sweep_file_are_part_of_each_runs_identity(t
     assert identities(1, 32) == before
 
 
-def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere_not_completed(tmp_path):
-    """The pool asks the run's lock before starting a job: a live holder elsewhere means this sweep
-    has no result of its own for that run, and its record says so."""
-    import dataclasses
-    import subprocess
-    import sys
-
-    import psutil
-
-    from litlab.config.identity import run_identity
-    from litlab.launch.pool import DevicePoolLauncher, DeviceSchedule, QueuedJob
-    from litlab.storage import lock
-    from litlab.storage.roots import RunStorage
-
-    sweeper = grid(tmp_path)
-    (plan,) = sweeper.plan(["model=mlp", "seed=5"])
+@contextlib.contextmanager
+def held_by_another_process(root: Path, identity: str) -> Iterator[int]:
+    """The lock of run ``identity`` in ``root``, held by a live process of this machine but not this
+    one (another sweep's job, or the pool of another sweep that is about to start it); its pid."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        storage = RunStorage(str(plan.folder.parent), plan.identity)
-        holder = dataclasses.replace(
-            lock.Holder.of_this_process(),
-            pid=other.pid,
-            process_started=psutil.Process(other.pid).create_time(),
-        )
-        lock._write(storage, holder)
-        pool = DevicePoolLauncher()
-        pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
-        returned = pool._prepare(0, QueuedJob(["model=mlp", "seed=5"]), DeviceSchedule(["0"]))
+        started = psutil.Process(other.pid).create_time()
+        holder = dataclasses.replace(lock.Holder.of_this_process(), pid=other.pid, process_started=started)
+        lock._write(RunStorage(str(root), identity), holder)
+        yield other.pid
     finally:
         other.kill()
+
+
+def pool_of(sweeper: GridSweeper) -> DevicePoolLauncher:
+    pool = DevicePoolLauncher()
+    pool.setup(hydra_context=sweeper.hydra_context, task_function=None, config=sweeper.config)
+    return pool
+
+
+def test_a_job_whose_run_another_process_trains_is_recorded_as_running_elsewhere_not_completed(tmp_path):
+    """The pool takes the run's lock before it starts a job: held by another process (two sweeps
+    sharing a run, started 2 s apart), this sweep has no result of its own for that run, its record
+    says so, and nothing is written into that run's live folder (it was a failed row, and its
+    summary.json and output went into the other sweep's folder)."""
+    sweeper = grid(tmp_path)
+    (plan,) = sweeper.plan(["model=mlp", "seed=5"])
+    pool = pool_of(sweeper)
+    job = pool._prepare(0, QueuedJob(["model=mlp", "seed=5"]), DeviceSchedule(["0"]))  # before the other's
+    with held_by_another_process(plan.folder.parent, plan.identity) as pid:
+        returned = pool._claim(job)
     ((entry,), _) = sweep_record.read(tmp_path / "sweep") or ([], None)
     assert entry["outcome"] == "running elsewhere" and entry["summary"]["status"] == "running elsewhere"
-    assert f"pid {other.pid}" in entry["summary"]["error"] and run_identity(returned.cfg) == plan.identity
+    assert f"pid {pid}" in entry["summary"]["error"] and run_identity(returned.cfg) == plan.identity
     assert returned.return_value is None  # no metric: nothing for a sweeper to be told as a result
+    assert not plan.folder.exists()
+
+
+def started_job(sweeper: GridSweeper, overrides: list[str]) -> tuple[DevicePoolLauncher, Any]:
+    """A job started by the real pool, whose process waits instead of training, until it is stopped."""
+    pool, schedule = pool_of(sweeper), DeviceSchedule(["0"])
+    job = pool._prepare(0, QueuedJob(overrides), schedule)
+    job.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert pool._claim(job) is None
+    pool._start(job, schedule)
+    return pool, job
+
+
+def test_ctrl_c_as_a_job_starts_leaves_it_interrupted_not_failed(tmp_path):
+    """It was labelled failed ("killed by SIGTERM"): the sweep's SIGTERM reached the job's process
+    before its own handler was there."""
+    pool, job = started_job(grid(tmp_path), ["model=mlp", "seed=5"])
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert (entry["outcome"], entry["summary"]["status"]) == ("running", "running")
+    pool._on_signal(signal.SIGINT, None)  # Ctrl-C: the sweep stops its jobs
+    job.process.wait(timeout=30)
+    pool._finish(job)
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert entry["summary"]["status"] == "interrupted"
+    assert entry["summary"]["error"] == "the sweep was stopped by SIGINT as the job ran"
+    assert not Path(lock.lock_url(job.storage)).exists()  # the claim its process never took, given back
+
+
+def test_a_run_of_another_process_training_meanwhile_makes_a_jobs_timing_shared(tmp_path):
+    """Two sweeps at once: their runs overlapped in time, and no row said so (no †)."""
+    pool, job = started_job(grid(tmp_path), ["model=mlp", "seed=5"])
+    with held_by_another_process(job.storage.root, "default-theirs0000") as pid:
+        pool._look_beside()
+    pool.stop("SIGTERM")
+    job.process.wait(timeout=30)
+    pool._finish(job)
+    ((entry,), _) = sweep_record.read(tmp_path / "sweep")
+    assert entry["summary"]["sweep"]["beside"] == [f"default-theirs0000 (pid {pid})"]
+
+
+def test_a_sweep_that_ends_in_an_error_reports_first_says_it_stopped_and_ends_with_its_error(
+    tmp_path, capsys, caplog
+):
+    """A search stopped by an outage of its database printed its one line, then another report."""
+
+    class Outage(LitlabError):
+        exit_code = 1
+
+    def launch(job_overrides, initial_job_idx: int) -> list:
+        raise Outage("the study's database did not answer for 60 s")
+
+    sweeper = grid(tmp_path)
+    sweeper.hydra_context = HydraContext(sweeper.hydra_context.config_loader, Callbacks(sweeper.config))
+    sweeper.launcher.launch = launch
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as ended:
+        sweeper.sweep(["model=mlp", "precision=fp32,bf16"])
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "litlab: error: the study's database did not answer for 60 s"
+    )
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("report of")]
+    assert "2 runs (0 completed, 2 not started, 0 failed)" in line
+    assert line.endswith("; the sweep stopped before its end: the study's database did not answer for 60 s")
+    assert "**The sweep stopped before its end**" in (tmp_path / "sweep" / "report.md").read_text()
 
 
 def test_an_edited_value_in_a_config_file_is_another_run_not_one_resumed_across_the_edit(tmp_path):

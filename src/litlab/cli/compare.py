@@ -2,22 +2,21 @@
 
     litlab-compare logs/train/multiruns/2026-12-01_10-00-00_1a2b3c      # rebuild a sweep's report
     litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
-    litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric test/acc
+    litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric val/loss:min
 
-Writes report.md, report.csv and report.png (``litlab.report``): one row per configuration against a
-baseline; runs that differ only in their seed are one row with confidence intervals (docs/sweeps.md).
-Exits 1 after writing the report when a row did not complete (failed, interrupted, running elsewhere),
-2 on bad input.
+Writes report.md, report.csv and report.png (``litlab.report``, docs/sweeps.md); exits 1 after it
+when a row did not complete, 2 on bad input (one ``litlab: error:`` line, no report).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from litlab.errors import EXIT_FAILED, EXIT_REFUSED
+from litlab.errors import EXIT_FAILED, EXIT_REFUSED, error_line
 from litlab.report.collect import CompareError
 from litlab.report.compare import DEFAULT_BASELINE
 from litlab.report.render import report_runs
@@ -39,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "groups or dotted config keys; name trainer.devices to compare every device count with one run",
     )
     parser.add_argument(
-        "--metric", default=None, help="metric to report (default: the runs' optimized_metric)"
+        "--metric",
+        default=None,
+        help="metric to report, NAME:min or NAME:max (lower or higher is better); the direction may be "
+        "left out for the runs' optimized_metric and its val/ and test/ twins (default: optimized_metric)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for the report (default: the one directory given)"
@@ -52,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise CompareError("several directories given: name the output folder with --out")
         report = report_runs(args.paths, out, baseline=args.baseline, metric=args.metric)
     except CompareError as error:
-        parser.exit(EXIT_REFUSED, f"litlab-compare: error: {error}\n")
+        sys.stderr.write(error_line(error) + "\n")
+        raise SystemExit(EXIT_REFUSED) from None
     if report.unfinished:  # as a sweep does: scripts notice
         parser.exit(EXIT_FAILED, f"litlab-compare: {report.unfinished_line(out / 'report.md')}\n")
 

@@ -1,12 +1,6 @@
-"""The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values, as
-Hydra's basic sweeper makes it, planned whole before any job starts.
-
-Every job's config is composed and checked once, as a single run's (a value that does not compose or
-that a single run would refuse is one ``litlab: error:`` line, exit 2, and no sweep folder); two jobs
-that train differently but would share a run name or a folder refuse the sweep the same way; jobs that
-train the same run (``optimizer.lr=0.002,2e-3``) run once. Hydra's ``BasicSweeper`` lives in
-``hydra._internal``, so the grid itself (a product of the swept values, in command-line order) is
-written out here.
+"""The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values,
+each job composed, checked and recorded before any starts (docs/sweeps.md). Hydra's ``BasicSweeper``
+lives in ``hydra._internal``, so the product of the swept values is written out here.
 """
 
 from __future__ import annotations
@@ -44,6 +38,8 @@ class GridSweeper(PlanningSweeper):
         sweep_record.start(
             sweep_dir, swept, [{"overrides": d.overrides, "same_as": unique.index(f)} for d, f in same]
         )
+        for num, plan in enumerate(unique):  # the plan is the record: every job, before any starts
+            plan.record(sweep_dir, num)
         for dup, first in same:
             own = " ".join(o for o in dup.overrides if o not in first.overrides) or "the same overrides"
             log.info("job %s (%s) trains the same run as job %s: it runs once", dup.num, own, first.num)

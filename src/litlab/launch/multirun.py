@@ -1,14 +1,11 @@
-"""Sweep jobs: each is a fresh single-run process, and a failing job becomes a failed row of the report.
-
-``child_command`` is a job's single-run command (``python -m litlab.cli.train <overrides>
-hydra.run.dir=<job dir> hydra.mode=RUN``), recorded in the job folder as ``command.sh``. The default
-launcher (``litlab.launch.pool``) starts it itself; under any other launcher ``run_sweep_job`` runs it
-as a child of Hydra's task process, which passes on the cluster's rank variables. A failed job writes
-summary.json ``status: failed`` (``record_failure``) and the sweep goes on (docs/sweeps.md).
+"""Sweep jobs: each a fresh single-run process (``child_command``, recorded as the job's ``command.sh``;
+under launchers other than the pool, run by ``run_sweep_job``); a failing job is a failed row of the
+report, and the sweep goes on. The sweepers' shared planning (``PlanningSweeper``, ``plan_job``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,10 +29,10 @@ from litlab.config.identity import run_identity, run_settings, settings_fingerpr
 from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_REFUSED, LitlabError, error_line
+from litlab.errors import EXIT_REFUSED, LitlabError, error_line, one_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
-from litlab.run.summary import COMPLETED, FAILED, SWEEP_JOB_ENV, Summary, now, sweep_job
+from litlab.run.summary import COMPLETED, FAILED, NOT_STARTED, RUNNING, SWEEP_JOB_ENV, Summary, now, sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +64,11 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     job_dir = Path(hydra.runtime.output_dir)
     is_child = hydra.mode != RunMode.MULTIRUN
     recording = not is_child and global_rank() == 0
+    started_at = now()
     if recording:
         sweep_record.list_job(Path(str(hydra.sweep.dir)), int(hydra.job.num), job_dir)
-    started_at = now()
+        stand_in = Summary.failed(cfg, None, run_dir=job_dir, hydra=hydra, status=RUNNING, sweep=sweep_job())
+        record_job(hydra, job_dir, {**stand_in.to_dict(), "started_at": started_at}, RUNNING)
     value = None
     try:
         if is_child:
@@ -87,34 +86,17 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     return value
 
 
-def record_job(
-    hydra: DictConfig,
-    job_dir: Path,
-    summary: dict,
-    outcome: str,
-    note: str | None = None,
-    pool: dict | None = None,
-) -> None:
-    """The sweep's record of a job (``hydra``: the job's hydra config) that ended with ``summary``;
-    ``pool``: the device pool's own record of the job (``sweep_record.write_job``)."""
-    sweep_record.write_job(
-        Path(str(hydra.sweep.dir)),
-        int(hydra.job.num),
-        outcome,
-        summary,
-        run_dir=job_dir,
-        overrides=typed_overrides(hydra.overrides.task),
-        note=note,
-        pool=pool,
-    )
-    changed = summary.get("resumed_across")
+def record_job(hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, note=None, pool=None) -> None:
+    """The sweep's record of a job (``hydra``: the job's hydra config) with ``summary``; ``pool``: the
+    device pool's record of the attempt (``sweep_record.write_job``)."""
+    overrides = typed_overrides(hydra.overrides.task)
+    where = (Path(str(hydra.sweep.dir)), int(hydra.job.num), outcome, summary)
+    sweep_record.write_job(*where, run_dir=job_dir, overrides=overrides, note=note, pool=pool)
+    changed = ", ".join(summary.get("resumed_across") or [])
     if changed:  # said in the sweep's log too, not only in the run's train.log
         log.warning(
-            "job %s resumed run %s across a change (%s): it trained partly under each, so its report "
-            "row is marked and left out of significance tests",
-            hydra.job.num,
-            summary.get("run_name"),
-            ", ".join(changed),
+            f"job {hydra.job.num} resumed run {summary.get('run_name')} across a change ({changed}): it "
+            "trained partly under each, so its report row is marked and left out of significance tests"
         )
 
 
@@ -172,14 +154,10 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
-    """Make sure the summary.json of a job whose process ended badly says so and why (rank 0 writes
-    it; the pool and this module's jobs alike).
-
-    A run that stopped while training already wrote a full summary (``Run.recording_failure``:
-    failed, interrupted); one that failed before its Trainer existed (its storage root) or whose
-    process died gets the fields its config knows.
-    """
+def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAILED) -> None:
+    """Make sure the summary.json of a job whose process ended badly says so and why (``status``:
+    interrupted where its sweep stopped it); one its run wrote as it stopped stays, else the fields its
+    config knows (``Summary.failed``). Rank 0 writes it."""
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"
@@ -187,10 +165,11 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str) -> None:
     if existing is not None and existing.status != COMPLETED:
         return  # written where the run stopped, with the most precise error
     if existing is not None:  # a child that wrote a completed summary, then exited non-zero
-        existing.status, existing.error = FAILED, error
+        existing.status, existing.error = status, error
         existing.write(path)
         return
-    Summary.failed(cfg, error, run_dir=job_dir, hydra=HydraConfig.get(), sweep=sweep_job()).write(path)
+    hydra = HydraConfig.get()
+    Summary.failed(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job()).write(path)
 
 
 # --- a sweep's jobs, planned before any starts -------------------------------------------------------
@@ -220,7 +199,14 @@ class PlanningSweeper(Sweeper):
         try:
             return self.run(arguments)
         except (ConfigError, LitlabError) as error:
-            sys.stderr.write(error_line(getattr(error, "reason", error)) + "\n")
+            reason = getattr(error, "reason", error)
+            callbacks = self.hydra_context.callbacks if self.hydra_context else None
+            if callbacks and sweep_record.started(Path(str(self.config.hydra.sweep.dir))):
+                # A sweep that ran jobs ends with its report, which says it stopped; the error is last.
+                with contextlib.suppress(SystemExit):
+                    callbacks.on_multirun_end(config=self.config, stopped=one_line(reason))
+                sys.stdout.flush()
+            sys.stderr.write(error_line(reason) + "\n")
             raise SystemExit(getattr(error, "exit_code", EXIT_REFUSED)) from None
 
     def run(self, arguments: list[str]) -> Any:
@@ -261,6 +247,13 @@ class JobPlan:
     folder: Path
     identity: str | None
     settings: str | None
+    summary: dict[str, Any] | None = None  # what the sweep's record says of it until it starts
+
+    def record(self, sweep_dir: Path, num: int) -> None:
+        """The sweep's record of this training job, planned as job ``num`` (``sweep_record.plan``)."""
+        if self.summary is not None:
+            summary = {**self.summary, "sweep": {"dir": str(sweep_dir), "job_num": num}}
+            sweep_record.plan(sweep_dir, num, summary, run_dir=self.folder, overrides=self.overrides)
 
 
 def plan_job(
@@ -287,7 +280,10 @@ def plan_job(
         check_train_config(config, list(config.hydra.overrides.task))
         settings = run_settings(config)
         identity = run_identity(config, settings)
-        return JobPlan(num, list(overrides), folder, identity, settings_fingerprint(settings))
+        summary = Summary.failed(config, None, run_dir=folder, hydra=config.hydra, status=NOT_STARTED)
+        return JobPlan(
+            num, list(overrides), folder, identity, settings_fingerprint(settings), summary.to_dict()
+        )
     finally:
         HydraConfig.instance().cfg = sweep_hydra_config
 

@@ -1,12 +1,7 @@
-"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs over a pool of devices.
-
-Each job is a fresh process running ``litlab.launch.multirun.child_command`` in ``<sweep dir>/<job
-num>/``, on ``trainer.devices`` ids of the pool (``hydra.launcher.devices``, ``jobs_per_device``) with
-its share of the CPU cores. The job needing most devices starts first, smaller ones backfill (without
-GPUs, a job of more processes than the pool has slots runs alone on all of them); a job whose run
-already completed is skipped; SIGTERM stops every job at a checkpoint (exit 143), and so does the
-sweeper's ``stop`` (saying why). The pool's record of each job (devices, start, end, the jobs beside
-it, command) goes to the sweep's record, never into a run's summary.json. The rules: docs/sweeps.md.
+"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs, each a process of its
+own (``litlab.launch.multirun.child_command``), over a pool of devices and CPU cores; the largest job
+first, smaller ones backfill. Its record of each job goes to the sweep's record, never into a run's
+summary.json. The rules: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _POLL_S = 0.05  # how often the sweep looks for ended jobs
+_LOOK_S = 1.0  # how often it looks for other processes' runs training beside its jobs
 
 
 @dataclass
@@ -206,6 +203,8 @@ class _Job:
     need: int
     env: dict[str, str]
     identity: str | None = None  # the run identity (train jobs): its storage folder and lock
+    storage: Any = None  # its RunStorage where it is on this machine's disk: the sweep takes its lock
+    claim: Any = None  # the lock's Holder while the sweep holds it for the job's process
     devices: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     taken: Taken | None = None
@@ -215,7 +214,7 @@ class _Job:
     start_s: float = 0.0
     started_at: str = ""  # local time, as summary.json's started_at: did this job train its run?
     end: str | None = None
-    beside: set[int] = field(default_factory=set)
+    beside: set[int | str] = field(default_factory=set)  # other jobs of the sweep; other runs (names)
 
 
 def _utc_now() -> str:
@@ -252,6 +251,7 @@ class DevicePoolLauncher(Launcher):
         self._stopped: str | None = None  # why the sweep stops its jobs (stop)
         self._signalled = False  # by SIGTERM or SIGINT: the sweep exits as preempted
         self._running: dict[int, _Job] = {}
+        self._timed_by = f"{socket.gethostname()} {_utc_now()}"  # this start of the sweep: its timings
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -304,21 +304,16 @@ class DevicePoolLauncher(Launcher):
             sys.stderr.write(error_line(error) + "\n")
             raise SystemExit(EXIT_REFUSED) from None
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
-        log.info(
-            "Launching %s on a pool of %d device%s (%s), %d job%s per device",
-            count,
-            len(ids),
-            "" if len(ids) == 1 else "s",
-            ",".join(ids),
-            schedule.jobs_per_device,
-            "" if schedule.jobs_per_device == 1 else "s",
-        )
+        slots = f"{schedule.jobs_per_device} job{'s' * (schedule.jobs_per_device > 1)} per device"
+        devices = f"{len(ids)} device{'s' * (len(ids) > 1)} ({','.join(ids)})"
+        log.info(f"Launching {count} on a pool of {devices}, {slots}")
         sweep_hydra_config = HydraConfig.instance().cfg  # each job's is set while it is prepared
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._stopped, self._signalled = None, False
         queue: dict[int, _Job] = {}
         next_index = first_index
         more = True
+        look_at = 0.0
         try:
             while True:
                 # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
@@ -344,10 +339,18 @@ class DevicePoolLauncher(Launcher):
                     chosen = schedule.next_to_start(self._startable(queue))
                     if chosen is None:
                         break
-                    self._start(queue.pop(chosen.index), schedule)
+                    job = queue.pop(chosen.index)
+                    held = self._claim(job)
+                    if held is not None:  # another process trains its run: nothing of it is written
+                        on_done(job.index, held)
+                        continue
+                    self._start(job, schedule)
                 if not self._running and (self._stopped is not None or (not queue and not more)):
                     break
                 time.sleep(_POLL_S)
+                if time.monotonic() >= look_at:
+                    self._look_beside()
+                    look_at = time.monotonic() + _LOOK_S
                 for index, job in list(self._running.items()):
                     if job.process.poll() is not None:
                         del self._running[index]
@@ -363,7 +366,7 @@ class DevicePoolLauncher(Launcher):
             from litlab.run.summary import INTERRUPTED
 
             why = self._stopped
-            for job in queue.values():  # their folders exist: say why they hold no run
+            for job in queue.values():  # never started: the record says why
                 self._not_started(job, f"the sweep was stopped by {why} before the job started", INTERRUPTED)
             log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", why)
             if self._signalled:
@@ -386,11 +389,8 @@ class DevicePoolLauncher(Launcher):
         more; ``run_queue`` then returns, and the jobs still queued are recorded as stopped by
         ``reason`` (``SIGTERM``, ``an outage of the study's database``) before they started."""
         if self._stopped is None:
-            log.warning(
-                "%s: stopping the %d running job(s) (SIGTERM: each writes preempted.ckpt)",
-                reason,
-                len(self._running),
-            )
+            running = f"the {len(self._running)} running job(s)"
+            log.warning(f"{reason}: stopping {running} (SIGTERM: each writes preempted.ckpt)")
             self._stopped = reason
         for job in list(self._running.values()):  # also called from a sweeper's own thread
             self._terminate(job)
@@ -402,9 +402,8 @@ class DevicePoolLauncher(Launcher):
                 os.killpg(job.process.pid, signal.SIGTERM)
 
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
-        """The job's folder (its run's, listed in the sweep's folder), .hydra/ and command.sh; the
-        job's JobReturn instead for a job that does not start: larger than a pool of GPUs, on more
-        nodes than one, completed by an earlier run, or its run being trained by another process."""
+        """The job, composed; its JobReturn instead where it never starts (too large for the pool, on
+        several nodes) or its run completed."""
         from litlab.config.identity import run_identity
         from litlab.config.rules import device_count
         from litlab.launch.multirun import child_command, job_config
@@ -426,39 +425,49 @@ class DevicePoolLauncher(Launcher):
         refusal = queued.refusal or self._refusal(job, task_cfg, schedule)
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
-            self._write_job_files(job, task_cfg)
+            self._write_job_files(job)
             return self._not_started(job, refusal)
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        outcome, found = self._found_in_storage(task_cfg, config.hydra, identity) or (None, None)
-        if outcome == sweep_record.SKIPPED:  # the run's folder shows it as it completed
-            log.info("job %d: run %s already completed, skipped", index, found.get("run_name"))
-            sweep_record.list_job(sweep_dir, index, job_dir)
-            self._record(job, found, outcome, sweep_record.skipped_note(found))
-            return self._job_return(job, found)
-        if outcome == sweep_record.ELSEWHERE:  # another process trains the run: no result of this sweep's
-            from litlab.run.summary import RUNNING_ELSEWHERE
+        root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "").removeprefix("file://")
+        if identity is not None and root and "://" not in root:  # the job's own process reads the others
+            from litlab.storage.roots import RunStorage
 
-            log.warning("job %d not started: %s", index, found)
-            summary = failed_summary(config, job.dir, found, RUNNING_ELSEWHERE).to_dict()
-            self._record(job, summary, outcome)
+            job.storage = RunStorage(root, identity)
+        completed = self._completed(task_cfg, config.hydra, identity) if job.storage else None
+        if completed is None:
+            return job
+        log.info("job %d: run %s already completed, skipped", index, completed.get("run_name"))
+        sweep_record.list_job(Path(str(config.hydra.sweep.dir)), index, job_dir)
+        self._record(job, completed, sweep_record.SKIPPED, sweep_record.skipped_note(completed))
+        return self._job_return(job, completed)
+
+    def _claim(self, job: _Job) -> JobReturn | None:
+        """Take the run's lock for the job's process to take over: another sweep sees it taken before
+        that process starts. Held elsewhere: the job's JobReturn, running elsewhere, nothing written."""
+        from litlab.run.summary import RUNNING_ELSEWHERE
+        from litlab.run.sweep_record import ELSEWHERE
+        from litlab.storage import lock
+
+        try:
+            job.claim = lock.take(job.storage) if job.storage is not None else None
+        except lock.RunLocked as held:
+            log.warning("job %d not started: %s", job.index, held.reason)
+            summary = failed_summary(job.config, job.dir, held.reason, RUNNING_ELSEWHERE).to_dict()
+            self._record(job, summary, ELSEWHERE)
             return self._job_return(job, summary)
-        self._write_job_files(job, task_cfg)
-        sweep_record.list_job(sweep_dir, index, job_dir)
-        return job
+        return None
 
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
-        """The sweep's record of a training job (litlab-eval's jobs store no run), with the pool's own
-        record of it: its ``devices``, ``start`` and ``end`` (UTC), the jobs that ran ``beside`` it and
-        its process's ``command`` (``sweep_record.write_job`` leaves it out for a job skipped as
-        completed: another sweep trained it)."""
+        """The sweep's record of a training job (litlab-eval's store no run), with the pool's record of
+        the attempt: ``devices``, ``start``, ``end`` (UTC), ``beside``, ``timed_by``, ``command``."""
         from litlab.launch.multirun import record_job
 
         if job.identity is not None:
-            pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": sorted(job.beside)}
-            pool["command"] = shlex.join(job.command)
+            beside = sorted(job.beside, key=str)
+            pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": beside}
+            pool.update(timed_by=self._timed_by, command=shlex.join(job.command))
             record_job(job.config.hydra, job.dir, summary, outcome, note, pool)
 
-    def _write_job_files(self, job: _Job, task_cfg: DictConfig) -> None:
+    def _write_job_files(self, job: _Job) -> None:
         """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
         from litlab.launch.multirun import write_command
 
@@ -466,7 +475,7 @@ class DevicePoolLauncher(Launcher):
         job.dir.mkdir(parents=True, exist_ok=True)
         if config.hydra.output_subdir is not None:
             hydra_output = job.dir / str(config.hydra.output_subdir)
-            _save_config(task_cfg, "config.yaml", hydra_output)
+            _save_config(self._task_config(config), "config.yaml", hydra_output)
             _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
             _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
         write_command(job.dir, config.hydra.runtime.cwd, job.command)
@@ -502,33 +511,35 @@ class DevicePoolLauncher(Launcher):
         return task_cfg
 
     @staticmethod
-    def _found_in_storage(
-        task_cfg: DictConfig, hydra_cfg: DictConfig, identity: str | None
-    ) -> tuple[str, Any] | None:
-        """What the job's own process would find and stop at (local storage, resume=auto): its run
-        completed with the user's code as it is now (``SKIPPED``, the stored summary: the read-only
-        half of the job's own resume decision), or another process holds the run's lock
-        (``ELSEWHERE``, why)."""
+    def _completed(task_cfg: DictConfig, hydra_cfg: DictConfig, identity: str) -> dict[str, Any] | None:
+        """The summary of the job's run where it completed with the code as it is now (``resume=auto``):
+        the read-only half of the job's own resume decision."""
         from litlab.config.identity import found_in_storage
-        from litlab.run.sweep_record import ELSEWHERE, SKIPPED
-        from litlab.storage.lock import held_by_another, refusal
+
+        found = (
+            found_in_storage(task_cfg, hydra_cfg, identity) if str(task_cfg.get("resume")) == "auto" else None
+        )
+        return found.completed_summary if found is not None else None
+
+    def _look_beside(self) -> None:
+        """Other processes' runs training on this machine while the jobs run (their locks in the
+        jobs' storage roots): the jobs' timings are not solo ones."""
+        from litlab.storage.lock import LOCK_SUFFIX, held_by_another
         from litlab.storage.roots import RunStorage
 
-        if identity is None:  # litlab-eval's jobs store no run
-            return None
-        root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "")
-        if str(task_cfg.get("resume")) != "auto" or "://" in root.removeprefix("file://") or not root:
-            return None
-        storage = RunStorage(root.removeprefix("file://"), identity)
-        holder = held_by_another(storage)
-        if holder is not None:
-            return ELSEWHERE, refusal(storage, holder)
-        found = found_in_storage(task_cfg, hydra_cfg, identity)  # None for a debug run: it always trains
-        completed = found.completed_summary if found is not None else None
-        return (SKIPPED, completed) if completed is not None else None
+        ours = {job.identity for job in self._running.values()}
+        for root in {job.storage.root for job in self._running.values() if job.storage is not None}:
+            for path in Path(root).glob(f"*{LOCK_SUFFIX}"):
+                identity = path.name.removesuffix(LOCK_SUFFIX)
+                holder = None if identity in ours else held_by_another(RunStorage(root, identity))
+                if holder is not None and holder.host == socket.gethostname():
+                    for job in self._running.values():
+                        job.beside.add(f"{identity} (pid {holder.pid})")
 
     def _start(self, job: _Job, schedule: DeviceSchedule) -> None:
-        from litlab.run.summary import SWEEP_JOB_ENV, now
+        from litlab.run import sweep_record
+        from litlab.run.summary import RUNNING, SWEEP_JOB_ENV, now
+        from litlab.storage.lock import HANDOVER_ENV
 
         job.taken = schedule.take(job.need)
         job.devices, job.cores = job.taken.ids, job.taken.cores
@@ -536,9 +547,15 @@ class DevicePoolLauncher(Launcher):
         for other in self._running.values():
             other.beside.add(job.index)
             job.beside.add(other.index)
+        self._write_job_files(job)
+        sweep_record.list_job(Path(str(job.config.hydra.sweep.dir)), job.index, job.dir)
+        running = failed_summary(job.config, job.dir, None, RUNNING).to_dict()
+        self._record(job, {**running, "started_at": job.started_at}, RUNNING)
         env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
         # The run's place in the sweep (its summary's ``sweep``); the rest is the pool's record.
         env[SWEEP_JOB_ENV] = json.dumps({"dir": str(job.config.hydra.sweep.dir), "job_num": job.index})
+        if job.claim is not None:
+            env[HANDOVER_ENV] = job.claim.token
         # Torch's threads: the job's cores, split between its ranks (each rank is a process); never
         # more than an OMP_NUM_THREADS the sweep was given.
         threads = max(1, len(job.cores) // max(1, job.need))
@@ -561,31 +578,31 @@ class DevicePoolLauncher(Launcher):
         self._running[job.index] = job
         if self._stopped is not None:  # stopped from a sweeper's own thread as it started
             self._terminate(job)
-        log.info(
-            "job %d started on device(s) %s, cores %s: %s",
-            job.index,
-            ",".join(job.devices),
-            ",".join(map(str, job.cores)),
-            job.dir / "output.log",
-        )
+        where = f"device(s) {','.join(job.devices)}, cores {','.join(map(str, job.cores))}"
+        log.info(f"job {job.index} started on {where}: {job.dir / 'output.log'}")
 
     def _finish(self, job: _Job) -> JobReturn:
-        """The job ended: a failure its process could not write itself goes into its summary.json
-        (``multirun.record_failure``), the summary and the pool's record into the sweep's record;
-        the JobReturn with its optimized_metric."""
+        """The job ended: a failure its process could not write goes into its summary.json (interrupted
+        where the sweep stopped it), the summary into the sweep's record; its JobReturn."""
         from litlab.launch.multirun import describe_exit, record_failure
         from litlab.run import sweep_record
-        from litlab.run.summary import FAILED
+        from litlab.run.summary import FAILED, INTERRUPTED
+        from litlab.storage.lock import give_back
 
         assert job.process is not None and job.output is not None
         job.output.close()
+        if job.claim is not None:  # its process never took the run's lock over (stopped as it started)
+            give_back(job.storage, job.claim)
         job.end = _utc_now()
         returncode = job.process.returncode
         output = job.dir / "output.log"
         if returncode != 0:
             HydraConfig.instance().set_config(job.config)
             error = _error_line(output) or f"the job's process {describe_exit(returncode)} (see {output})"
-            record_failure(self._task_config(job.config), job.dir, error)
+            status = FAILED
+            if self._stopped is not None:  # e.g. Ctrl-C while the job's process started
+                error, status = f"the sweep was stopped by {self._stopped} as the job ran", INTERRUPTED
+            record_failure(self._task_config(job.config), job.dir, error, status)
         stored = sweep_record.read_json(job.dir / "summary.json") or {}  # litlab-eval's jobs write none
         if stored:
             self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
@@ -597,13 +614,13 @@ class DevicePoolLauncher(Launcher):
         return self._job_return(job, stored)
 
     def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
+        """A job that never started: in the sweep's record only (its run's folder is left as it was)."""
         from litlab.run.sweep_record import NOT_STARTED
 
         log.error("job %d not started: %s", job.index, error)
-        summary = failed_summary(job.config, job.dir, error, status)
-        summary.write(job.dir / "summary.json")
-        self._record(job, summary.to_dict(), NOT_STARTED)
-        return self._job_return(job, summary.to_dict())
+        summary = failed_summary(job.config, job.dir, error, status).to_dict()
+        self._record(job, summary, NOT_STARTED)
+        return self._job_return(job, summary)
 
     def _job_return(self, job: _Job, summary: dict[str, Any]) -> JobReturn:
         ret = JobReturn()

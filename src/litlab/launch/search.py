@@ -1,12 +1,7 @@
-"""litlab's Optuna search: a Hydra sweeper on Optuna's ask-and-tell API (``hparams_search=optuna``).
-
-``OptunaSearch`` is registered as ``hydra/sweeper=optuna`` through ``hydra_plugins.litlab_search`` and
-imports Optuna only when a search starts. A trial is asked for whenever the pool has a free slot; the
-study lives in Optuna RDB storage, named by the command (``study_name_of``), so the same command
-continues it, on one machine or many; a trial whose heartbeat stopped is retried with its parameters,
-and no more than ``n_trials`` are spent. A database that stops answering is waited for, up to
-``storage_outage_s``; past that the sweep stops its trials at a checkpoint and ends in one line. The
-best trial is written to ``<sweep dir>/best_trial.yaml``. What it guarantees and how: docs/sweeps.md.
+"""litlab's Optuna search (``hparams_search=optuna``, ``hydra/sweeper=optuna`` through
+``hydra_plugins.litlab_search``): a Hydra sweeper on Optuna's ask-and-tell API that asks whenever the
+pool has a free slot, on a study the same command continues (imported when a search starts). What it
+guarantees and how: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -82,14 +77,8 @@ WAIT_FOR_OTHERS_S = 2.0
 
 
 def distribution_of(override: Override) -> Any:
-    """The Optuna distribution of one sweep override in Hydra's syntax:
-
-    - ``interval(a, b)``: a float in [a, b]; ``tag(log, interval(a, b))`` log-uniform;
-      ``tag(int, interval(a, b))`` (or ``tag(int, log, ...)``) an integer;
-    - ``range(start, stop[, step])``: the values ``range`` lists (stop excluded), as a stepped int or
-      float distribution; ``shuffle(range(...))`` a categorical;
-    - ``choice(a, b, ...)`` or ``a,b,...``: a categorical.
-    """
+    """The Optuna distribution of one sweep override in Hydra's syntax (``interval``, ``tag(log|int,
+    ...)``, ``range``, ``shuffle(range(...))``, ``choice`` or ``a,b``: docs/sweeps.md)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
@@ -387,6 +376,7 @@ class OptunaSearch(PlanningSweeper):
         self.max_retry = int(max_retry)
         self.storage_outage_s = float(storage_outage_s)
         self.n_jobs = int(n_jobs)
+        self.first_job = 0  # the number of its first job (after an earlier attempt's in the same folder)
         self.plans: list[JobPlan] = []  # this sweep's trials so far: none may share another's folder
         self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
         self.returns: list[JobReturn] = []  # one per job, in the order they ended
@@ -430,6 +420,8 @@ class OptunaSearch(PlanningSweeper):
                 self.study.enqueue_trial(params)
         self.sweep_dir = Path(cfg.hydra.sweep.dir)
         sweep_record.start(self.sweep_dir, [*(f"{k}={v}" for k, v in self.params.items()), *arguments])
+        # The same command into the same folder: its trials are jobs after the earlier attempts' ones.
+        self.first_job = 1 + max((e["job_num"] for e in sweep_record.read(self.sweep_dir)[0]), default=-1)
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
         self.trial_env = {"storage": url, "study": name, "pruner": pruner_spec}
         self.metric = str(cfg.optimized_metric)
@@ -458,7 +450,7 @@ class OptunaSearch(PlanningSweeper):
         self._db(self._write_best_trial, final=True)
         return self.returns
 
-    def check_composes(self, overrides: list[str]) -> None:
+    def check_composes(self, overrides: list[str]) -> JobPlan:
         """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
         nosuch)``), or when it would share a run name or folder with an earlier trial of this sweep
         that trains differently (``multirun.distinct_runs``): said before its job starts."""
@@ -467,6 +459,7 @@ class OptunaSearch(PlanningSweeper):
         plan = plan_job(self.hydra_context, self.config, overrides, len(self.plans), refusal)
         distinct_runs([*self.plans, plan])
         self.plans.append(plan)  # a refused trial is not one the later ones are checked against
+        return plan
 
     def _check_space(self, space: SearchSpace) -> None:
         """Before any trial: every choice of every categorical parameter composes, and trials at the
@@ -490,7 +483,9 @@ class OptunaSearch(PlanningSweeper):
         (``stop``)."""
         while True:
             # Job numbers go on from the last run_queue's: every job it was given has ended.
-            self.launcher.run_queue(self.next_job, self.on_done, first_index=len(self.returns))
+            self.launcher.run_queue(
+                self.next_job, self.on_done, first_index=self.first_job + len(self.returns)
+            )
             if self.outage is not None:
                 raise self.outage
             if self.finished_waiting():
@@ -499,7 +494,7 @@ class OptunaSearch(PlanningSweeper):
     def _run_batches(self) -> None:
         """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials. A trial
         that fails a rule ends its batch and is never launched (``_not_started``)."""
-        job_idx = 0
+        job_idx = self.first_job
         while True:
             batch, refused = [], None
             while len(batch) < max(1, self.n_jobs):
@@ -617,7 +612,7 @@ class OptunaSearch(PlanningSweeper):
         overrides = [*self.space.fixed, *trial_overrides(trial.params)]
         refusal = None
         try:
-            self.check_composes(overrides)
+            self.check_composes(overrides).record(self.sweep_dir, job_idx)  # recorded as it is asked for
         except NotComposed:
             self._db(self.study.tell, trial, state=optuna.trial.TrialState.FAIL)
             raise
@@ -652,8 +647,8 @@ class OptunaSearch(PlanningSweeper):
         with self.lock:
             trial = self.running.pop(job_idx)
             self.returns.append(job_return)
-            folder = Path(job_return.working_dir or self.sweep_dir / str(job_idx))
-            summary = sweep_record.read_json(folder / "summary.json") or {}  # none: it died first
+            entry = sweep_record.read_json(self.sweep_dir / sweep_record.RECORD_DIR / f"{job_idx}.json")
+            summary = (entry or {}).get("summary") or {}  # none: an entry point that stores no run
             try:
                 self._db(self._tell, trial, summary)
             except StorageOutage:

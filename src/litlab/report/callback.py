@@ -18,6 +18,7 @@ from litlab.errors import EXIT_FAILED
 from litlab.report.collect import CompareError, NoRuns
 from litlab.report.compare import DEFAULT_BASELINE
 from litlab.report.render import report_runs
+from litlab.run import sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -37,27 +38,28 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.task_name in self.tasks:
-            # When the sweeper itself gives up (Optuna with every trial failed, a joblib worker killed
-            # by the system), Hydra never calls on_multirun_end: report what ran when the process exits.
+            # When the sweep ends otherwise (SIGTERM, Optuna with every trial failed, a joblib worker
+            # killed by the system), Hydra never calls on_multirun_end: report what ran at the exit.
             atexit.register(self._report_at_exit, Path(config.hydra.sweep.dir))
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, stopped: str | None = None, **kwargs: Any) -> None:
+        """``stopped``: why the sweep stopped before its end (its sweeper's error, said after the report)."""
         # Hydra turns an exception raised by a callback into a warning; SystemExit gets through.
-        if config.task_name in self.tasks and not self._report(Path(config.hydra.sweep.dir)):
+        if config.task_name in self.tasks and not self._report(Path(config.hydra.sweep.dir), stopped):
             raise SystemExit(EXIT_FAILED)
 
     def _report_at_exit(self, sweep_dir: Path) -> None:
-        # No folder: the sweep was refused before any job, and its one line said why.
-        if not self._written and sweep_dir.is_dir():
+        # A sweep refused before it started its record (its one line said why) has no report.
+        if not self._written and sweep_record.started(sweep_dir):
             self._report(sweep_dir)
 
-    def _report(self, sweep_dir: Path) -> bool:
+    def _report(self, sweep_dir: Path, stopped: str | None = None) -> bool:
         """Write the sweep's report; False where a row did not complete or no report could be written.
         A sweep without a job to report failed nothing (a search whose study already has n_trials,
         run again)."""
         self._written = True
         try:
-            report = report_runs([sweep_dir], sweep_dir, baseline=self.baseline, metric=self.metric)
+            report = report_runs([sweep_dir], sweep_dir, self.baseline, self.metric, stopped)
         except NoRuns:
             log.info("no job ran to its end in %s, so there is no report", sweep_dir)
             return True

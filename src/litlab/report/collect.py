@@ -1,24 +1,42 @@
-"""Find the runs of sweeps and run directories: a sweep's from its own record (``litlab.run.sweep_record``),
-other folders' from each run's summary.json.
-
-A sweep's record holds each job's summary as it was when the job ended, so a later sweep or a moved
-folder leaves its report as it was. In a folder without a record, a job folder without a summary.json
-(its process was killed, or it still runs) becomes a failed run whose figures are what its config
-says (``Summary.failed``). Nothing here imports torch.
+"""Find the runs of sweeps and run directories: each ``RunResult`` is one attempt at a run, as a
+sweep's record (``litlab.run.sweep_record``) or a run folder's summary.json holds it (a job folder
+without one: what its config says, ``Summary.failed``; ``resume=never``'s ``.replaced-*`` folders are
+no runs). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.run import sweep_record
-from litlab.run.summary import Summary
+from litlab.run.summary import COMPLETED, Summary
+
+# Runs of different versions of the user's code differ in this pseudo key: code_fingerprint's first 8 hex.
+CODE_KEY = "code"
+# Config keys whose value summary.json records as it ran (devices "auto" resolved, the micro-batch
+# derived from a global batch).
+RECORDED = {
+    "trainer.accumulate_grad_batches": "accumulate_grad_batches",
+    "trainer.devices": "devices",
+    "trainer.num_nodes": "num_nodes",
+    "data.batch_size": "micro_batch_size",
+    "global_batch_size": "global_batch_size",
+    "optimized_metric": "optimized_metric",
+    "optimized_metric_mode": "optimized_metric_mode",
+}
+# Baseline keys may name a summary.json field; they mean the config key the user sweeps.
+ALIASES = {name: key for key, name in RECORDED.items()} | {
+    "accumulation": "trainer.accumulate_grad_batches",
+    "batch_size": "data.batch_size",
+}
 
 
 class CompareError(ValueError):
@@ -31,17 +49,58 @@ class NoRuns(CompareError):
 
 @dataclass
 class RunResult:
-    """One run: its summary and its config (``.hydra/config.yaml`` as composed; None for a run read
-    from a sweep's record); for a sweep's job, how the job ended (``sweep_record``'s outcome, note)."""
+    """One attempt at a run: its summary; for a sweep's job, how the job ended (``sweep_record``'s
+    outcome, note); its ``timings`` (``timing``), every attempt's once its attempts are counted as one."""
 
     label: str
     dir: Path
     summary: Summary
-    config: DictConfig | None
-    outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, not started
+    outcome: str | None = None  # trained, skipped (completed earlier), running elsewhere, planned, ...
     note: str | None = None  # a skipped job's: where and when its run completed
     # Overrides of the sweep's other jobs that train this same run, so did not run (sweep.json same_runs).
     same_run_overrides: list[list[str]] = field(default_factory=list)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.timings = self.timings or timing(self.summary)
+
+    @functools.cached_property
+    def values(self) -> dict[str, Any]:
+        """The run's value of every config key, from its summary: overrides, then settings, what it
+        recorded as it ran, its code version (``code``) and its groups' options, the later winning."""
+        summary = self.summary
+        merged = {override_key(o): _typed(o) for o in summary.overrides or []}
+        merged.update(summary.settings or {})
+        recorded = {key: getattr(summary, name) for key, name in RECORDED.items()}
+        merged.update({key: value for key, value in recorded.items() if value is not None})
+        merged[CODE_KEY] = summary.code_fingerprint[:8] if summary.code_fingerprint else None
+        return {**merged, **(summary.groups or {})}
+
+
+def timing(summary: Summary) -> list[dict[str, Any]]:
+    """A completed attempt's timing and its conditions: ``shared`` with other jobs or runs, and ``by``
+    which start of which sweep (the pool's ``timed_by``; older records' sweep folder; its own start)."""
+    throughput, sweep = summary.throughput or {}, summary.sweep or {}
+    if summary.status != COMPLETED or throughput.get("samples_per_second") is None:
+        return []
+    by = sweep.get("timed_by") or sweep.get("dir") or summary.started_at
+    shared = bool(sweep.get("beside"))
+    return [{**throughput, "shared": shared, "by": str(by), "started_at": summary.started_at}]
+
+
+@functools.cache
+def _typed(override: str) -> Any:
+    """An override's value as Hydra reads it (``8``, ``[1, 2]``, ``{width: 2}``), or as typed."""
+    try:
+        return OverridesParser.create().parse_overrides([override])[0].value()
+    except Exception:  # Hydra's grammar does not read it back (``data.name=a=b``): the text
+        return override.partition("=")[2]
+
+
+def override_key(override: str) -> str:
+    """The key an override sets, aliases resolved; "hydra" for any of Hydra's own."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return "hydra" if key.startswith("hydra") else ALIASES.get(key, key)
 
 
 def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
@@ -60,22 +119,21 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
         if is_run_dir(path):
             runs.append(load_run(path, label=path.name))
             continue
-        jobs = sorted((d for d in path.iterdir() if d.is_dir() and is_run_dir(d)), key=_job_order)
+        jobs = [d for d in path.iterdir() if d.is_dir() and is_run_dir(d) and ".replaced-" not in d.name]
         if not jobs:
             raise NoRuns(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
-        runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in jobs)
+        runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in sorted(jobs, key=_job_order))
     return runs
 
 
 def _recorded_runs(
     sweep_dir: Path, entries: list[dict[str, Any]], sweep: dict[str, Any], prefix: str
 ) -> list[RunResult]:
-    """The runs of a sweep's jobs as its record holds them; the run folders are not read (a later
-    ``resume=never`` may have replaced a run there)."""
+    """The runs of a sweep's jobs as its record holds them, never as their folders are now."""
     if not entries:
-        raise NoRuns(f"no job of the sweep in {sweep_dir} has ended yet: its record holds none")
+        raise NoRuns(f"the sweep in {sweep_dir} has no job in its record yet")
     runs = {}
     for entry in entries:
         try:
@@ -83,7 +141,6 @@ def _recorded_runs(
                 label=f"{prefix}{entry['job_num']}",
                 dir=Path(entry["run_dir"]),
                 summary=Summary.from_dict(entry["summary"]),
-                config=None,
                 outcome=entry.get("outcome"),
                 note=entry.get("note"),
             )
@@ -113,10 +170,11 @@ def load_run(run_dir: Path, label: str) -> RunResult:
     config = next((OmegaConf.load(p) for p in candidates if p.is_file()), None)
     summary_path = run_dir / "summary.json"
     summary = Summary.load(summary_path) if summary_path.is_file() else _stand_in(run_dir, config)
-    return RunResult(label=label, dir=run_dir, summary=summary, config=config)
+    return RunResult(label=label, dir=run_dir, summary=summary)
 
 
 def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:
+    """What a job folder without summary.json says of its run: what its .hydra/ config says."""
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"

@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 PRUNED = "pruned"  # an Optuna trial stopped early by its pruner
 RUNNING_ELSEWHERE = "running elsewhere"  # a sweep's job whose run another process was training
+# A sweep's job as its record has it before it ends (litlab.run.sweep_record): planned, or started.
+NOT_STARTED, RUNNING = "not started", "running"
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
 
@@ -135,7 +137,7 @@ class Summary:
         """What a run's config says about it, for a run that has no Trainer to ask (it failed before
         one existed, or its process died before writing a summary); ``hydra`` is the run's Hydra
         node (its choices and overrides as typed), None where there is none."""
-        from litlab.config.identity import run_settings
+        from litlab.config.identity import run_identity, run_settings
         from litlab.config.redact import typed_overrides
         from litlab.config.rules import ConfigError, batch_sizes, device_count
 
@@ -151,11 +153,12 @@ class Summary:
             sizes = None
         devices = device_count(select("trainer.devices"))
         nodes = select("trainer.num_nodes")
+        settings = run_settings(cfg) or None  # and the run's identity: its attempts are one run
         return cls(
             status=status,
             error=error,
             experiment_name=select("experiment_name"),
-            run_name=select("run_name"),
+            run_name=run_identity(cfg, settings) if settings and "run_name" in cfg else select("run_name"),
             run_dir=str(run_dir) if run_dir is not None else None,
             groups=run_groups(dict(OmegaConf.select(hydra, "runtime.choices", default=None) or {})),
             overrides=typed_overrides(OmegaConf.select(hydra, "overrides.task", default=None) or []),
@@ -173,7 +176,7 @@ class Summary:
             global_batch_size=select("global_batch_size"),
             finished_at=now(),
             sweep=sweep,
-            settings=run_settings(cfg) or None,
+            settings=settings,
         )
 
 

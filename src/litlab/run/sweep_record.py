@@ -1,52 +1,59 @@
-"""A sweep's own record of its jobs: ``<sweep dir>/.jobs/<job num>.json``, the only thing its report reads.
-
-Each entry holds the job's overrides, the run folder it linked, the run's summary as it was when the
-job ended (its ``sweep`` with the device pool's own record of the job: its devices, start, end, the
-jobs beside it, its command; the pool never writes into a run's summary.json), and its ``outcome``:
-this sweep trained it, skipped it (completed earlier), found it running elsewhere, or never started
-it. A later sweep, a later ``resume=never`` of the same runs, or moving the folder leaves the record,
-and so the report, as it was. ``sweep.json`` says which sweep the folder holds (its arguments) and
-which jobs were one run. One file per job: jobs of a Slurm array end in processes of their own.
+"""A sweep's own record of its jobs, ``<sweep dir>/.jobs/<job num>.json``, the only thing its report
+reads: the plan is the record (a job is planned, running, then how it ended, with its run's summary
+as it was then and the device pool's record of the attempt); ``sweep.json`` says which sweep the folder
+holds. What each state means: docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from litlab.config.redact import redact_overrides, redact_summary
 from litlab.config.rules import ConfigError
-from litlab.run.summary import COMPLETED
+from litlab.heartbeat import alive
+from litlab.run.summary import COMPLETED, INTERRUPTED, RUNNING
+from litlab.run.summary import NOT_STARTED as NOT_STARTED  # an outcome too: a job that never started
 from litlab.storage.roots import write_text_atomic
 
 RECORD_DIR = ".jobs"
 SWEEP_FILE = "sweep.json"
-TRAINED, SKIPPED, ELSEWHERE, NOT_STARTED = "trained", "skipped", "running elsewhere", "not started"
+PLANNED, TRAINED, SKIPPED, ELSEWHERE = "planned", "trained", "skipped", "running elsewhere"
+_STARTED: set[str] = set()  # the sweep folders whose record this process started
 
 
 def start(sweep_dir: Path, arguments: list[str], same_runs: list[dict[str, Any]] | None = None) -> None:
-    """A sweep of ``arguments`` starts in ``sweep_dir``. A folder that holds another sweep is refused
-    (ConfigError): two sweeps' jobs would mix. The same sweep again (``hydra.sweep.dir`` set, the
-    command re-run) starts its record afresh: its jobs' entries, links and refused folders go, and
-    each job is recorded anew (skipped where its run completed)."""
-    record = sweep_dir / RECORD_DIR
-    previous = read_json(record / SWEEP_FILE)
+    """A sweep of ``arguments`` starts in ``sweep_dir``, or goes on with its record there (nothing is
+    deleted); a folder that holds another sweep is refused (ConfigError): two sweeps' jobs would mix."""
+    previous = read_json(sweep_dir / RECORD_DIR / SWEEP_FILE)
     if previous is not None and previous.get("arguments") != redact_overrides(arguments):
         shown = " ".join(previous.get("arguments") or []) or "no overrides"
         raise ConfigError(
             f"hydra.sweep.dir={sweep_dir} holds another sweep ({shown}): give this one its own "
             "hydra.sweep.dir, or move that folder away"
         )
-    if record.is_dir():
-        shutil.rmtree(record)
-        for entry in sweep_dir.iterdir():
-            if entry.name.isdigit():  # a job's link to its run folder, or a refused job's folder
-                entry.unlink() if entry.is_symlink() else shutil.rmtree(entry)
     sweep = {"arguments": redact_overrides(arguments), "same_runs": same_runs or []}
-    write_text_atomic(record / SWEEP_FILE, json.dumps(sweep, indent=2) + "\n")
+    write_text_atomic(sweep_dir / RECORD_DIR / SWEEP_FILE, json.dumps(sweep, indent=2) + "\n")
+    _STARTED.add(str(sweep_dir.absolute()))
+
+
+def started(sweep_dir: Path) -> bool:
+    """Whether this process started the record in ``sweep_dir`` (a refused sweep did not)."""
+    return str(Path(sweep_dir).absolute()) in _STARTED
+
+
+def plan(
+    sweep_dir: Path, job_num: int, summary: dict[str, Any], *, run_dir: Path, overrides: list[str]
+) -> None:
+    """Job ``job_num`` planned (``summary``: status not started), unless an earlier attempt's entry is
+    there: it stays until this attempt starts the job."""
+    if not (sweep_dir / RECORD_DIR / f"{job_num}.json").is_file():
+        write_job(sweep_dir, job_num, PLANNED, summary, run_dir=run_dir, overrides=overrides)
 
 
 def write_job(
@@ -60,13 +67,18 @@ def write_job(
     note: str | None = None,
     pool: dict[str, Any] | None = None,
 ) -> None:
-    """Record how job ``job_num`` ended (``outcome``), with its run's summary as it is now; the copy's
-    ``sweep`` adds ``pool``, the device pool's record of the job (``devices``, ``start``, ``end``,
-    ``beside``, ``command``). A skipped job's copy says ``sweep.skipped: true`` instead; its
-    ``sweep.dir`` names the sweep that trained it."""
-    added = {"skipped": True} if outcome == SKIPPED else pool
-    if added:
-        summary = {**summary, "sweep": {**(summary.get("sweep") or {}), **added}}
+    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (the
+    pool's record of the attempt); a skipped job's keeps that of the attempt that trained it, a
+    running job's entry names this process, which watches it; the entry replaced goes under ``earlier``."""
+    if outcome == SKIPPED:
+        pool = {**_trained_attempt(summary), "skipped": True}
+    if pool:
+        summary = {**summary, "sweep": {**(summary.get("sweep") or {}), **pool}}
+    path = sweep_dir / RECORD_DIR / f"{job_num}.json"
+    previous = read_json(path) or {"outcome": PLANNED}
+    earlier = previous.pop("earlier", [])
+    if previous["outcome"] != PLANNED and previous.get("process") != _this_process():
+        earlier.append(previous)  # an earlier attempt's (a running entry of this process is this one's)
     entry = {
         "job_num": job_num,
         "outcome": outcome,
@@ -74,16 +86,27 @@ def write_job(
         "run_dir": str(Path(run_dir).absolute()),
         "overrides": redact_overrides(overrides),
         "summary": redact_summary(summary),
+        "process": _this_process() if outcome == RUNNING else None,
+        "earlier": earlier,
     }
-    path = sweep_dir / RECORD_DIR / f"{job_num}.json"
     write_text_atomic(path, json.dumps(entry, indent=2, default=str) + "\n")
+
+
+def _trained_attempt(summary: dict[str, Any]) -> dict[str, Any]:
+    """The pool's record of the attempt that trained a completed run, from that sweep's record; {}
+    where that record is gone or holds another attempt."""
+    sweep = summary.get("sweep") or {}
+    entry = read_json(Path(str(sweep.get("dir"))) / RECORD_DIR / f"{sweep.get('job_num')}.json") or {}
+    trained = entry.get("summary") or {}
+    same = trained.get("started_at") == summary.get("started_at")
+    return {k: v for k, v in (trained.get("sweep") or {}).items() if k != "skipped"} if same else {}
 
 
 def outcome_of(summary: dict[str, Any], job_started_at: str) -> tuple[str, str | None]:
     """Whether the job's process trained the run whose summary it left, or found it completed
     before it started (``started_at`` is local ISO time to the second, as summary.json writes it)."""
-    started = str(summary.get("started_at") or "")
-    if summary.get("status") == COMPLETED and started and started < job_started_at:
+    started_at = str(summary.get("started_at") or "")
+    if summary.get("status") == COMPLETED and started_at and started_at < job_started_at:
         return SKIPPED, skipped_note(summary)
     return TRAINED, None
 
@@ -96,14 +119,22 @@ def skipped_note(summary: dict[str, Any]) -> str:
 
 
 def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """The job entries of the sweep in ``sweep_dir`` (by job number) and its ``sweep.json``; None
-    for a folder with no record (a folder of run folders, or a sweep from before litlab kept one)."""
+    """The job entries of the sweep in ``sweep_dir`` (by number; a running job whose watching process
+    is gone from this machine is interrupted) and its ``sweep.json``; None for a folder without one."""
     record = sweep_dir / RECORD_DIR
     if not record.is_dir():
         return None
     sweep = read_json(record / SWEEP_FILE) or {}  # none under Hydra's own basic sweeper
-    entries = [read_json(path) for path in record.glob("*.json") if path.stem.isdigit()]
-    return sorted((e for e in entries if e), key=lambda e: int(e["job_num"])), sweep
+    entries = sorted(
+        (e for e in map(read_json, record.glob("*.json")) if e and "job_num" in e), key=lambda e: e["job_num"]
+    )
+    for entry in entries:
+        process = entry.get("process") or {}
+        gone = process.get("host") == socket.gethostname() and not alive(process["pid"], process["started"])
+        if entry.get("outcome") == RUNNING and gone:
+            why = "the sweep's process ended while the job ran (killed?); the same command resumes it"
+            entry["summary"].update(status=INTERRUPTED, error=why)
+    return entries, sweep
 
 
 def list_job(sweep_dir: Path, job_num: int, job_dir: Path) -> None:
@@ -125,3 +156,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _this_process() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}

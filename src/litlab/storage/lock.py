@@ -31,6 +31,9 @@ log = logging.getLogger("litlab")
 HEARTBEAT_S = 30
 STALE_AFTER_S = 120
 LOCK_SUFFIX = ".lock"
+# A sweep takes a run's lock before it starts the job that trains it; the job's process, given the
+# token here, takes it over (two sweeps sharing a run: the second sees it held, never both train).
+HANDOVER_ENV = "LITLAB_LOCK_HANDOVER"
 
 
 class RunLocked(LitlabError):
@@ -66,6 +69,8 @@ class Holder:
                 return "it is this process's own"
             if not heartbeat.alive(self.pid, self.process_started):
                 return f"its process {self.pid} is gone"
+        if self.token == os.environ.get(HANDOVER_ENV):
+            return "the sweep that started this job took it for it"
         if self.slurm_job is not None and self.slurm_job == heartbeat.slurm_job_id():
             return f"it is an earlier start of Slurm job {self.slurm_job}, requeued"
         age = time.time() - self.heartbeat
@@ -106,18 +111,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock, or raise RunLocked naming its holder."""
-        me = Holder.of_this_process()
-        if not _create(self.storage, me):
-            holder = _read(self.storage)
-            why = holder.stale_because() if holder is not None else "it cannot be read"
-            if why is None:
-                raise RunLocked(refusal(self.storage, holder))
-            log.warning("taking over %s (%s)", lock_url(self.storage), why)
-            _write(self.storage, me)
-            now = _read(self.storage)  # another start may have taken it over at the same moment
-            if now is None or now.token != me.token:
-                raise RunLocked(refusal(self.storage, now or me))
-        self.holder = me
+        self.holder = take(self.storage)
         heartbeat.watch(lock_url(self.storage), HEARTBEAT_S, self._beat)
 
     def _beat(self) -> None:
@@ -138,12 +132,34 @@ class RunLock:
     def release(self) -> None:
         heartbeat.unwatch(lock_url(self.storage))
         holder, self.holder = self.holder, None
-        if holder is None or failed_storage(self.storage.url) is not None:
-            return
-        with contextlib.suppress(Exception):  # a lock left behind is stale once this process is gone
-            current = _read(self.storage)
-            if current is not None and current.token == holder.token:
-                self.storage.fs.rm_file(_lock_path(self.storage))
+        if holder is not None and failed_storage(self.storage.url) is None:
+            give_back(self.storage, holder)
+
+
+def take(storage: RunStorage) -> Holder:
+    """Take the run's lock for this process (``RunLock``, or a sweep for the job it starts), or raise
+    RunLocked naming its live holder."""
+    me = Holder.of_this_process()
+    if not _create(storage, me):
+        holder = _read(storage)
+        why = holder.stale_because() if holder is not None else "it cannot be read"
+        if why is None:
+            raise RunLocked(refusal(storage, holder))
+        if holder is None or holder.token != os.environ.get(HANDOVER_ENV):
+            log.warning("taking over %s (%s)", lock_url(storage), why)
+        _write(storage, me)
+        now = _read(storage)  # another start may have taken it over at the same moment
+        if now is None or now.token != me.token:
+            raise RunLocked(refusal(storage, now or me))
+    return me
+
+
+def give_back(storage: RunStorage, holder: Holder) -> None:
+    """Remove the lock if ``holder`` still holds it (a job's process may have taken it over)."""
+    with contextlib.suppress(Exception):  # a lock left behind is stale once this process is gone
+        current = _read(storage)
+        if current is not None and current.token == holder.token:
+            storage.fs.rm_file(_lock_path(storage))
 
 
 def _lock_path(storage: RunStorage) -> str:
