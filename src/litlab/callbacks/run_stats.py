@@ -56,20 +56,22 @@ def torch_flags() -> dict[str, Any]:
 
 
 class RunStats(Callback):
-    """Measures samples/s over the steady state (after ``warmup_batches`` training batches, with
+    """Measures samples/s over the steady state (after ``warmup_steps`` optimizer steps, with
     validation excluded), training time per epoch, and peak memory of every rank.
 
     Works under DDP (every rank times its own batches; samples count across ranks) and with gradient
-    accumulation (every micro-batch counts its samples); the samples of optimizer steps that
+    accumulation (every micro-batch counts its samples; warm-up counts optimizer steps, so at a fixed
+    global batch every configuration times the same samples); the samples of optimizer steps that
     ``NonFiniteLossGuard`` skipped (``on_nonfinite=skip``) do not count. On CUDA it synchronises only
     where a timing window opens or closes (a few times an epoch), never per batch: a per-batch sync
     would stop the CPU from queueing the next step while the GPU works, and slow the run it measures.
     """
 
-    def __init__(self, warmup_batches: int = 5) -> None:
-        self.warmup_batches = warmup_batches
+    def __init__(self, warmup_steps: int = 5) -> None:
+        self.warmup_steps = warmup_steps
         self.stats: dict[str, Any] = {}
-        self._batches = 0
+        self._timed_batches = 0
+        self._first_step = 0  # trainer.global_step when this process started training
         self._samples = 0
         self._seconds = 0.0
         self._window_start: float | None = None  # perf_counter when the current window opened
@@ -103,7 +105,7 @@ class RunStats(Callback):
         )
         self._skips = next((guard.report for guard in skipping), None)
         self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
-        self._step = trainer.global_step
+        self._step = self._first_step = trainer.global_step
         self._samples_at_step = self._samples + self._window_samples
         self._tokens_at_step = self._tokens + self._window_tokens
 
@@ -123,12 +125,12 @@ class RunStats(Callback):
         self._epoch_start = self._now(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._window_start is None and self._batches >= self.warmup_batches:
+        if self._window_start is None and trainer.global_step - self._first_step >= self.warmup_steps:
             self._window_start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._batches += 1
         if self._window_start is not None:
+            self._timed_batches += 1
             self._window_samples += batch_samples(pl_module, batch) * trainer.world_size
             if self._count_tokens is not None:
                 self._window_tokens += int(self._count_tokens(batch)) * trainer.world_size
@@ -164,9 +166,9 @@ class RunStats(Callback):
         self.stats = {
             "samples_per_second": samples_per_second,
             "tokens_per_second": tokens_per_second,
-            "steady_state_batches": max(0, self._batches - self.warmup_batches),
+            "steady_state_batches": self._timed_batches,
             "steady_state_samples": trained_samples,  # of the steps trained
-            "warmup_batches": self.warmup_batches,
+            "warmup_steps": self.warmup_steps,
             "seconds_per_epoch": statistics.median(epochs) if epochs else None,
             "memory": _peak_memory(trainer),
         }

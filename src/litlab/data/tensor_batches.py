@@ -12,7 +12,9 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,40 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
     return rank, world_size
 
 
+class WholeGlobalBatches(Callback):
+    """Tells litlab's training loaders the accumulation of the fit in progress in this process, as the
+    process group tells them the ranks: each epoch they hand out whole global batches only (micro-batch
+    x ranks x accumulation), dropping the last, incomplete one in every configuration, so that every
+    optimizer step trains on as many samples, weighted alike (docs/sweeps.md, "What a row's difference
+    can come from")."""
+
+    accumulation = 1  # micro-batches per optimizer step of the fit in progress; 1 outside one
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        WholeGlobalBatches.accumulation = trainer.accumulate_grad_batches
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        WholeGlobalBatches.accumulation = 1
+
+
+def micro_batches_per_epoch(samples: int, batch_size: int, world_size: int) -> int:
+    """Micro-batches each rank trains in an epoch of ``samples``: whole global batches only."""
+    global_batch = batch_size * world_size * WholeGlobalBatches.accumulation
+    if samples < global_batch:
+        raise ValueError(
+            f"the training split holds {samples} samples, fewer than one global batch of {global_batch} "
+            f"(micro-batch {batch_size} x {world_size} rank(s) x accumulation "
+            f"{WholeGlobalBatches.accumulation}): lower the batch size or the accumulation"
+        )
+    return samples // global_batch * WholeGlobalBatches.accumulation
+
+
 class TensorBatches:
     """Iterates batches of in-memory tensors (any number of them, indexed together along their first
     dimension: (inputs, targets), (tokens,) ...), sharded across ranks: each rank finds its share
     from the process group, as ``ResumableDataLoader`` does (``rank`` and ``world_size`` override it).
+    Shuffled (training) epochs hold whole global batches only (``WholeGlobalBatches``); unshuffled
+    (evaluation) ones every sample, each exactly once.
 
     Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
     i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i, rank),
@@ -61,9 +93,6 @@ class TensorBatches:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.transform = transform
-        # Training shards are padded to equal length (every rank must take the same number of
-        # optimizer steps); evaluation shards are not, so metrics count every sample exactly once.
-        self.pad = shuffle
         self.epoch = 0
         self._consumed = 0  # batches of this epoch handed out so far
         self._skip = 0  # batches to skip at the next iter() (after a resume)
@@ -85,18 +114,17 @@ class TensorBatches:
         device = self.tensors[0].device
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(n, generator=generator).to(device)
+            whole = len(self) * self.batch_size * self.world_size  # the epoch's whole global batches
+            order = torch.randperm(n, generator=generator)[:whole].to(device)
         else:
             order = torch.arange(n, device=device)
-        if self.pad and self.world_size > 1:
-            total = math.ceil(n / self.world_size) * self.world_size
-            order = torch.cat([order, order[: total - n]])
         return order[self.rank :: self.world_size]
 
     def __len__(self) -> int:
         n = len(self.tensors[0])
-        per_rank = math.ceil(n / self.world_size) if self.pad else len(range(self.rank, n, self.world_size))
-        return math.ceil(per_rank / self.batch_size)
+        if self.shuffle:
+            return micro_batches_per_epoch(n, self.batch_size, self.world_size)
+        return math.ceil(len(range(self.rank, n, self.world_size)) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         order = self._order = self._shard()
