@@ -70,7 +70,6 @@ class RunStats(Callback):
     def __init__(self, warmup_steps: int = 5) -> None:
         self.warmup_steps = warmup_steps
         self.stats: dict[str, Any] = {}
-        self._timed_batches = 0
         self._first_step = 0  # trainer.global_step when this process started training
         self._samples = 0
         self._seconds = 0.0
@@ -82,10 +81,7 @@ class RunStats(Callback):
         self._skips: dict[str, Any] | None = None  # the report of a guard that skips non-finite steps
         self._skips_seen = 0  # its skipped_steps when the last optimizer step ended
         self._step = 0  # trainer.global_step when the last optimizer step ended
-        self._samples_at_step = 0  # timed samples (and tokens) counted when the last step ended
-        self._tokens_at_step = 0
-        self._skipped_samples = 0  # timed samples (and tokens) of the steps the guard skipped
-        self._skipped_tokens = 0
+        self._step_samples = self._step_tokens = 0  # timed in the optimizer step under way
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
         self.torch_flags: dict[str, Any] = {}
@@ -106,8 +102,6 @@ class RunStats(Callback):
         self._skips = next((guard.report for guard in skipping), None)
         self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
         self._step = self._first_step = trainer.global_step
-        self._samples_at_step = self._samples + self._window_samples
-        self._tokens_at_step = self._tokens + self._window_tokens
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -115,7 +109,7 @@ class RunStats(Callback):
         return time.perf_counter()
 
     def _close_window(self, trainer: L.Trainer) -> None:
-        if self._window_start is not None and self._window_samples:
+        if self._window_start is not None:
             self._seconds += self._now(trainer) - self._window_start
             self._samples += self._window_samples
             self._tokens += self._window_tokens
@@ -130,21 +124,18 @@ class RunStats(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._window_start is not None:
-            self._timed_batches += 1
-            self._window_samples += batch_samples(pl_module, batch) * trainer.world_size
+            self._step_samples += batch_samples(pl_module, batch) * trainer.world_size
             if self._count_tokens is not None:
-                self._window_tokens += int(self._count_tokens(batch)) * trainer.world_size
-        if self._skips is not None and trainer.global_step != self._step:  # this batch ended a step
-            self._end_step(trainer.global_step)
-
-    def _end_step(self, step: int) -> None:
-        samples, tokens = self._samples + self._window_samples, self._tokens + self._window_tokens
-        if self._skips["skipped_steps"] != self._skips_seen:
-            # The guard dropped this step's update: its samples took time but were not trained.
-            self._skips_seen = self._skips["skipped_steps"]
-            self._skipped_samples += samples - self._samples_at_step
-            self._skipped_tokens += tokens - self._tokens_at_step
-        self._step, self._samples_at_step, self._tokens_at_step = step, samples, tokens
+                self._step_tokens += int(self._count_tokens(batch)) * trainer.world_size
+        if trainer.global_step == self._step:
+            return  # mid-step: its samples count once it is known to be trained
+        self._step = trainer.global_step
+        if self._skips is not None and self._skips["skipped_steps"] != self._skips_seen:
+            self._skips_seen = self._skips["skipped_steps"]  # its samples took time but were not trained
+        else:
+            self._window_samples += self._step_samples
+            self._window_tokens += self._step_tokens
+        self._step_samples = self._step_tokens = 0
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # validation is not training time
@@ -156,18 +147,15 @@ class RunStats(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # max_steps can end training mid-epoch
-        trained_samples = self._samples - self._skipped_samples
-        trained_tokens = self._tokens - self._skipped_tokens
-        samples_per_second = trained_samples / self._seconds if self._seconds > 0 else None
+        samples_per_second = self._samples / self._seconds if self._seconds > 0 else None
         epochs = self._epoch_seconds[1:] or self._epoch_seconds  # the first epoch includes warm-up
         tokens_per_second = (
-            trained_tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
+            self._tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
         )
         self.stats = {
             "samples_per_second": samples_per_second,
             "tokens_per_second": tokens_per_second,
-            "steady_state_batches": self._timed_batches,
-            "steady_state_samples": trained_samples,  # of the steps trained
+            "steady_state_samples": self._samples,  # of the steps trained
             "warmup_steps": self.warmup_steps,
             "seconds_per_epoch": statistics.median(epochs) if epochs else None,
             "memory": _peak_memory(trainer),
@@ -179,9 +167,9 @@ class RunStats(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
             log.info(
-                "throughput: %.1f samples/s (steady state, %d batches), %.2f s per epoch",
+                "throughput: %.1f samples/s (steady state, %d samples), %.2f s per epoch",
                 samples_per_second,
-                self.stats["steady_state_batches"],
+                self._samples,
                 self.stats["seconds_per_epoch"] or 0.0,
             )
 

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -56,12 +57,7 @@ class _SeededSamples(Dataset):
         # Not torch.manual_seed: it also seeds every CUDA, XPU and MTIA device, ~300 times dearer.
         torch.default_generator.manual_seed(seed)
         random.seed(seed)
-        try:
-            import numpy as np
-
-            np.random.seed(seed)
-        except ImportError:  # numpy is optional for datasets that do not use it
-            pass
+        np.random.seed(seed)
         return self.dataset[index]
 
 

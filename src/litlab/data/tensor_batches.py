@@ -7,7 +7,6 @@ an uninterrupted one would. For datasets read from files: ``litlab.data.Resumabl
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-log = logging.getLogger(__name__)
+from litlab.errors import LitlabError
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -32,11 +31,9 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
 
 
 class WholeGlobalBatches(Callback):
-    """Tells litlab's training loaders the accumulation of the fit in progress in this process, as the
-    process group tells them the ranks: each epoch they hand out whole global batches only (micro-batch
-    x ranks x accumulation), dropping the last, incomplete one in every configuration, so that every
-    optimizer step trains on as many samples, weighted alike (docs/sweeps.md, "What a row's difference
-    can come from")."""
+    """Tells litlab's training loaders the fit's accumulation, as the process group tells them the ranks:
+    they hand out whole global batches only (micro-batch x ranks x accumulation), dropping an epoch's
+    last, incomplete one in every configuration (docs/sweeps.md, "What a row's difference can come from")."""
 
     accumulation = 1  # micro-batches per optimizer step of the fit in progress; 1 outside one
 
@@ -51,10 +48,9 @@ def micro_batches_per_epoch(samples: int, batch_size: int, world_size: int) -> i
     """Micro-batches each rank trains in an epoch of ``samples``: whole global batches only."""
     global_batch = batch_size * world_size * WholeGlobalBatches.accumulation
     if samples < global_batch:
-        raise ValueError(
-            f"the training split holds {samples} samples, fewer than one global batch of {global_batch} "
-            f"(micro-batch {batch_size} x {world_size} rank(s) x accumulation "
-            f"{WholeGlobalBatches.accumulation}): lower the batch size or the accumulation"
+        raise LitlabError(
+            f"the training split holds {samples} samples, fewer than one global batch of {global_batch}: "
+            "lower data.batch_size, global_batch_size or the accumulation"
         )
     return samples // global_batch * WholeGlobalBatches.accumulation
 
@@ -101,11 +97,9 @@ class TensorBatches:
         self.batch_sampler = None  # read by Lightning's DataLoader checks
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            # A restored position belongs to the epoch it was saved in. A checkpoint taken after that
-            # epoch's last batch (e.g. preempted during its validation) resumes into the next epoch,
-            # which starts at its first batch; with trainer.limit_train_batches the saved position
-            # can be short of len(self), so load_state_dict alone cannot tell.
+        if (
+            epoch != self.epoch
+        ):  # a restored position belongs to its epoch (limit_train_batches may end it early)
             self._skip = 0
         self.epoch = epoch
 
