@@ -1,9 +1,9 @@
 """``ResumableDataLoader``: a DataLoader over any map-style Dataset whose resume is exact.
 
 Built on torchdata's ``StatefulDataLoader``, whose position (workers included) Lightning saves in
-every checkpoint; this class also shards across ranks by itself and makes the order and each sample's
-random numbers depend only on (seed, epoch, index) (docs/storage.md, "Resuming is exact"). Use it for
-the training split in your datamodule's ``train_dataloader``::
+every checkpoint; this class also shards whole global batches across ranks by itself and makes the
+order and each sample's random numbers depend only on (seed, epoch, index) (docs/storage.md, "Resuming
+is exact"). Use it for the training split in your datamodule's ``train_dataloader``::
 
     return ResumableDataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, seed=self.seed,
                                num_workers=4, persistent_workers=True)
@@ -54,7 +54,7 @@ class _SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, epoch = key
         seed = hash((self.seed, epoch, index)) % 2**32
-        # Not torch.manual_seed: it also seeds every CUDA, XPU and MTIA device, ~300 times dearer.
+        # Not torch.manual_seed: it also seeds every CUDA, XPU and MTIA device (docs/performance.md).
         torch.default_generator.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
@@ -78,7 +78,7 @@ class ResumableDataLoader(StatefulDataLoader):
         sampler = _EpochSampler(
             dataset, batch_size, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
         )
-        with warnings.catch_warnings():  # torchdata calls torch.set_vital, deprecated (a no-op) in torch 2.9
+        with warnings.catch_warnings():  # torchdata calls torch.set_vital, now a deprecated no-op
             warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
             super().__init__(
                 _SeededSamples(dataset, seed),
