@@ -71,6 +71,15 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert grid["runs"]["2"]["statuses"] == ["completed"]  # tiny: a grid of one job
     assert "makespan / ideal" in table and "| 2 | 1 |" in table
 
+    # The loaders over one in-memory table: every loader timed alone and feeding training steps.
+    loaders = report["loaders"]
+    assert set(loaders["samples_per_s"]) == set(bench.LOADERS)
+    for name, rates in loaders["samples_per_s"].items():
+        for mode, rate in rates.items():
+            plain = loaders["samples_per_s"]["DataLoader"][mode]
+            assert rate > 0 and loaders["vs_dataloader"][name][mode] == pytest.approx(rate / plain)
+    assert "**Loaders**" in table and "| ResumableDataLoader |" in table
+
     accelerator = report["accelerator"]
     if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table
         assert "CUDA" in accelerator["skipped"] and accelerator["skipped"] in table

@@ -71,12 +71,9 @@ class RunStats(Callback):
         self.warmup_steps = warmup_steps
         self.stats: dict[str, Any] = {}
         self._first_step = 0  # trainer.global_step when this process started training
-        self._samples = 0
+        self._samples = self._tokens = 0  # timed, of the steps trained
         self._seconds = 0.0
         self._window_start: float | None = None  # perf_counter when the current window opened
-        self._window_samples = 0
-        self._tokens = 0
-        self._window_tokens = 0
         self._count_tokens: Any = None  # the module's batch_tokens, if it has one
         self._skips: dict[str, Any] | None = None  # the report of a guard that skips non-finite steps
         self._skips_seen = 0  # its skipped_steps when the last optimizer step ended
@@ -111,9 +108,7 @@ class RunStats(Callback):
     def _close_window(self, trainer: L.Trainer) -> None:
         if self._window_start is not None:
             self._seconds += self._now(trainer) - self._window_start
-            self._samples += self._window_samples
-            self._tokens += self._window_tokens
-        self._window_start, self._window_samples, self._window_tokens = None, 0, 0
+        self._window_start = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._epoch_start = self._now(trainer)
@@ -133,8 +128,8 @@ class RunStats(Callback):
         if self._skips is not None and self._skips["skipped_steps"] != self._skips_seen:
             self._skips_seen = self._skips["skipped_steps"]  # its samples took time but were not trained
         else:
-            self._window_samples += self._step_samples
-            self._window_tokens += self._step_tokens
+            self._samples += self._step_samples
+            self._tokens += self._step_tokens
         self._step_samples = self._step_tokens = 0
 
     def on_validation_start(self, trainer, pl_module) -> None:
