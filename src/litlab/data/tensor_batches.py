@@ -97,9 +97,8 @@ class TensorBatches:
         self.batch_sampler = None  # read by Lightning's DataLoader checks
 
     def set_epoch(self, epoch: int) -> None:
-        if (
-            epoch != self.epoch
-        ):  # a restored position belongs to its epoch (limit_train_batches may end it early)
+        # A restored position belongs to its epoch, which limit_train_batches may have ended early.
+        if epoch != self.epoch:
             self._skip = 0
         self.epoch = epoch
 
