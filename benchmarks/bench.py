@@ -23,7 +23,10 @@ Sections:
    jobs of known, unequal lengths (makespan / max(longest job, total job time / devices)), the cost
    of a job's own process (first optimizer step minus ``import lightning``), and the wall time of
    the 9-job ``sweep=precision_accumulation`` with one and two devices.
-4. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
+4. loaders: samples/s of a plain DataLoader, litlab's ResumableDataLoader and TensorBatches over the
+   same small in-memory table (one process, no workers), alone and feeding a small MLP's training
+   steps (issue 40: ResumableDataLoader once made such a task ~7x slower).
+5. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
    accumulation, and the matmul/TF32 settings they ran with.
 
 This module imports neither torch nor Lightning at the top: the parent process only starts others.
@@ -106,6 +109,7 @@ class Settings:
         }
     )
     import_modules: tuple[str, ...] = ("torch", "lightning")
+    loader_epochs: int = 5  # alternating epochs of each loader: the median counts
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
     # The probe doubles the batch until fp32 training runs out of memory, up to these caps.
@@ -132,6 +136,7 @@ class Settings:
             grid_devices=(2,),
             options={"cnn-digits": (AUGMENT_DIGITS,)},
             import_modules=("lightning",),
+            loader_epochs=1,
             accelerator_steps=4,
             accelerator_warmup=2,
             accelerator_max_batch={32: 8},
@@ -752,6 +757,64 @@ def probe(out: Path, device: str, size: int, max_batch: int) -> None:
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
+LOADERS = ("DataLoader", "ResumableDataLoader", "TensorBatches")
+LOADER_TABLE = (20_000, 32, 64)  # rows, float features, batch size: a small tabular task in memory
+
+
+def loader_rates(out: Path, epochs: int) -> None:
+    """Samples/s of each loader (``LOADERS``) over one in-memory table, alone and feeding the training
+    steps of a small MLP; each epoch of each loader in turn, the median of ``epochs``."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from litlab.data import ResumableDataLoader, TensorBatches
+
+    rows, width, batch = LOADER_TABLE
+    table = torch.randn(rows, width), torch.randint(0, 3, (rows,))
+    loaders = {
+        "DataLoader": DataLoader(TensorDataset(*table), batch_size=batch, shuffle=True),
+        "ResumableDataLoader": ResumableDataLoader(TensorDataset(*table), batch_size=batch, shuffle=True),
+        "TensorBatches": TensorBatches(table, batch, shuffle=True),
+    }
+    net = torch.nn.Sequential(torch.nn.Linear(width, 128), torch.nn.ReLU(), torch.nn.Linear(128, 3))
+    optimizer = torch.optim.Adam(net.parameters())
+
+    def epoch_rate(loader: Any, train: bool) -> float:
+        started, samples = time.perf_counter(), 0
+        for features, labels in loader:
+            if train:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(net(features), labels).backward()
+                optimizer.step()
+            samples += len(labels)
+        return samples / (time.perf_counter() - started)
+
+    rates: dict[str, dict[str, list[float]]] = {name: {"alone": [], "training": []} for name in LOADERS}
+    for _ in range(epochs):
+        for mode in ("alone", "training"):
+            for name, loader in loaders.items():
+                rates[name][mode].append(epoch_rate(loader, mode == "training"))
+    medians = {
+        name: {mode: statistics.median(r) for mode, r in modes.items()} for name, modes in rates.items()
+    }
+    out.write_text(json.dumps({"table": LOADER_TABLE, "epochs": epochs, "samples_per_s": medians}) + "\n")
+
+
+def loaders_section(bench: Bench) -> dict[str, Any]:
+    """``loader_rates`` in a process of its own, with each loader's rate against the plain DataLoader's."""
+    result_file = bench.dir / "loaders.json"
+    bench.process(
+        "loaders", ["-m", "benchmarks.bench", "loaders", str(result_file), str(bench.settings.loader_epochs)]
+    )
+    result = json.loads(result_file.read_text())
+    plain = result["samples_per_s"]["DataLoader"]
+    result["vs_dataloader"] = {
+        name: {mode: rate / plain[mode] for mode, rate in modes.items()}
+        for name, modes in result["samples_per_s"].items()
+    }
+    return result
+
+
 # --- the report ------------------------------------------------------------------------------
 
 
@@ -848,6 +911,23 @@ def markdown(result: dict[str, Any]) -> str:
             *(f"| {d} | {r['jobs']} | {r['wall_s']:.1f} |" for d, r in grid["runs"].items()),
             "",
         ]
+    loaders = result.get("loaders")
+    if loaders:
+        rows, width, batch = loaders["table"]
+        lines += [
+            f"**Loaders**: samples/s over {rows:,} rows of {width} floats in memory, batch {batch}, "
+            f"one process (median of {loaders['epochs']} epochs each; training: a small MLP's Adam steps)",
+            "",
+            "| loader | alone | vs DataLoader | training | vs DataLoader |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name, rate in loaders["samples_per_s"].items():
+            ratio = loaders["vs_dataloader"][name]
+            lines.append(
+                f"| {name} | {rate['alone']:.0f} | {ratio['alone']:.2f} | {rate['training']:.0f} "
+                f"| {ratio['training']:.2f} |"
+            )
+        lines.append("")
     accelerator = result.get("accelerator")
     if accelerator is not None:
         if "skipped" in accelerator:
@@ -906,7 +986,7 @@ def machine(threads: int) -> dict[str, Any]:
 # --- entry points ----------------------------------------------------------------------------
 
 
-SECTIONS = ("step", "sweep", "accelerator")
+SECTIONS = ("step", "loaders", "sweep", "accelerator")
 
 
 def run_bench(args: argparse.Namespace) -> Path:
@@ -929,6 +1009,8 @@ def run_bench(args: argparse.Namespace) -> Path:
     sections = args.sections.split(",")
     if "step" in sections:
         result["step"], result["startup"] = step_and_startup_sections(bench)
+    if "loaders" in sections:
+        result["loaders"] = loaders_section(bench)
     if "sweep" in sections:
         result["sweep"] = sweep_section(bench)
     if "accelerator" in sections:
@@ -972,13 +1054,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console script ``litlab-bench``; ``plain`` and ``probe`` are the measured child processes."""
+    """Console script ``litlab-bench``; ``plain``, ``loaders`` and ``probe`` are its measured children."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][bench] %(message)s")
     if argv[:1] in (["plain"], ["lightning"]):
         out, steps, warmup, *overrides = argv[1:]
         runner = plain_loop if argv[0] == "plain" else bare_lightning
         runner(overrides, int(steps), int(warmup), Path(out))
+    elif argv[:1] == ["loaders"]:
+        loader_rates(Path(argv[1]), int(argv[2]))
     elif argv[:1] == ["probe"]:
         out, device, size, max_batch = argv[1:]
         probe(Path(out), device, int(size), int(max_batch))

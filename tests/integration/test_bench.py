@@ -71,6 +71,15 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     assert grid["runs"]["2"]["statuses"] == ["completed"]  # tiny: a grid of one job
     assert "makespan / ideal" in table and "| 2 | 1 |" in table
 
+    # The loaders over one in-memory table: every loader timed alone and feeding training steps.
+    loaders = report["loaders"]
+    assert set(loaders["samples_per_s"]) == set(bench.LOADERS)
+    for name, rates in loaders["samples_per_s"].items():
+        for mode, rate in rates.items():
+            plain = loaders["samples_per_s"]["DataLoader"][mode]
+            assert rate > 0 and loaders["vs_dataloader"][name][mode] == pytest.approx(rate / plain)
+    assert "**Loaders**" in table and "| ResumableDataLoader |" in table
+
     accelerator = report["accelerator"]
     if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table
         assert "CUDA" in accelerator["skipped"] and accelerator["skipped"] in table
@@ -78,7 +87,8 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
         assert all("error" not in r for r in accelerator["runs"]), accelerator
 
     # litlab's runs (the default and the option's) logged the step loss only where the logger
-    # writes (every 10 steps), and the epoch means once an epoch (epoch 1 ends at step 20 of 30).
+    # writes (every 10 steps), and the epoch means once an epoch (epoch 1 ends at step 19 of 30: the
+    # digits' 1259 training samples hold 19 whole batches of 64).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = sorted(out.glob("logs/*-cnn-digits*-litlab/train/runs/*/tensorboard"))
@@ -90,7 +100,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
             tag: [e.step for e in scalars.Scalars(tag) if e.step > 0] for tag in scalars.Tags()["scalars"]
         }
         assert steps["train/loss_step"] == [9, 19, 29]
-        assert steps["train/loss"] == steps["train/acc"] == [19, 29]
+        assert steps["train/loss"] == steps["train/acc"] == [18, 29]
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ def test_precision_accumulation_sweep_reports_tokens_per_second_and_ranks_by_low
         "precision=fp32",
         "trainer.accumulate_grad_batches=1,2",
         "trainer.max_epochs=1",
-        "trainer.limit_train_batches=12",  # 6 optimizer steps at accumulation 2, after 5 warm-up batches
+        "trainer.limit_train_batches=12",  # 6 optimizer steps at accumulation 2: 1 timed after 5 warm-up
         "trainer.limit_val_batches=2",
         "trainer.num_sanity_val_steps=0",
         "test_after_fit=false",

@@ -95,7 +95,10 @@ def wandb_records(run_file: Path) -> list:
 def test_a_sweep_logs_config_metrics_and_final_metrics_to_mlflow_and_wandb_grouped_by_sweep(
     log_dir, mlflow_server
 ):
-    tiny = [t for t in TINY if not t.startswith(("logger=", "trainer.max_epochs"))]
+    tiny = [
+        t for t in TINY if not t.startswith(("logger=", "trainer.max_epochs", "trainer.limit_train_batches"))
+    ]
+    tiny.append("trainer.limit_train_batches=6")  # accumulation 2: 6 steps, the last timed after 5 warm-up
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "10"}
     env["OMP_NUM_THREADS"] = (
         "1"  # what is under test is the logging; one thread trains fastest beside a server

@@ -20,7 +20,7 @@ from tests.conftest import FAULTS_IMPORTABLE, TINY, litlab, ok
 # Enough batches for a steady-state throughput (RunStats skips 5 warm-up batches); the MLP keeps
 # bf16 on CPU (slow for convolutions) quick.
 SWEEP_TINY = [t for t in TINY if not t.startswith("trainer.limit_train_batches")] + [
-    "trainer.limit_train_batches=8",
+    "trainer.limit_train_batches=12",  # accumulation 2: 6 optimizer steps, the last timed after 5 warm-up
     "model=mlp",
 ]
 RANK_LINE = re.compile(r"\[rank (\d+)\]\[litlab\]\[INFO\] run (\S+) in ")

@@ -134,9 +134,9 @@ CALLBACKS = {
 }  # fmt: skip
 # Every run has these, whatever its callbacks group: they make the engine's guarantees hold.
 ENGINE_CALLBACKS = {
-    "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "ResumableLoaderCheck",
-    "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns", "RankWatch",
-    "HeartbeatAfterYourCallbacks",
+    "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "WholeGlobalBatches",
+    "ResumableLoaderCheck", "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns",
+    "RankWatch", "HeartbeatAfterYourCallbacks",
 }  # fmt: skip
 
 

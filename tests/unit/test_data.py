@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from litlab.data import ResumableDataLoader, TensorBatches
+from litlab.data import ResumableDataLoader, TensorBatches, WholeGlobalBatches
 from project.vision.data import DigitsDataModule, SyntheticDataModule, _digits_table
 
 
@@ -101,8 +101,8 @@ def test_ranks_find_their_share_of_the_epoch_from_the_process_group_without_over
         return seen
 
     seen = shards(shuffle=True)
-    assert len(seen[0]) == len(seen[1]) == 11  # padded to equal steps
-    assert set(seen[0]) | set(seen[1]) == set(range(21))
+    assert len(seen[0]) == len(seen[1]) == 8  # whole global batches of 2 x 4: 16 of the 21 samples
+    assert len(set(seen[0]) | set(seen[1])) == 16
     counted = sorted(shards(shuffle=False)[0] + shards(shuffle=False)[1])
     assert counted == list(range(21))  # evaluation counts every sample exactly once
     explicit = TensorBatches((torch.zeros(21, 1, 2, 2), labels), 4, shuffle=True, rank=1, world_size=2)
@@ -111,7 +111,40 @@ def test_ranks_find_their_share_of_the_epoch_from_the_process_group_without_over
     with rank_of(1, 2):
         resumable = ResumableDataLoader(NoisySquares(), batch_size=4, shuffle=True, seed=3)
     assert (resumable.sampler.rank, resumable.sampler.num_replicas) == (1, 2)
-    assert len(resumable) == 5  # ceil(37 / 2) = 19 samples in batches of 4
+    assert len(resumable) == 4  # 37 samples: 4 whole global batches of 2 x 4
+
+
+def optimizer_steps(make_loader, world_size: int, accumulation: int) -> list[list[tuple[int, float]]]:
+    """The (sample, its random number) of each optimizer step of an epoch over all ranks, for a global
+    batch of 8."""
+    micro = 8 // (world_size * accumulation)
+    ranks = [list(make_loader(micro, rank, world_size)) for rank in range(world_size)]
+    steps = []
+    for step in range(len(ranks[0]) // accumulation):
+        window = [b for r in ranks for b in r[step * accumulation : (step + 1) * accumulation]]
+        pairs = [pair for indices, values in window for pair in zip(indices, values, strict=True)]
+        steps.append(sorted((int(i), float(value)) for i, value in pairs))
+    return steps
+
+
+def _tensors(micro: int, rank: int, world_size: int):
+    data = torch.arange(37), torch.arange(37.0) ** 0.5  # (sample, a value that goes with it)
+    return TensorBatches(data, micro, shuffle=True, seed=3, rank=rank, world_size=world_size)
+
+
+def _dataset(micro: int, rank: int, world_size: int):
+    return ResumableDataLoader(NoisySquares(), micro, shuffle=True, seed=3, rank=rank, world_size=world_size)
+
+
+@pytest.mark.parametrize("make_loader", [_tensors, _dataset], ids=["tensors", "dataset"])
+def test_every_configuration_trains_the_same_samples_in_each_optimizer_step(make_loader, monkeypatch):
+    # 37 samples, a global batch of 8: 4 optimizer steps an epoch, the last 5 samples left out,
+    # whatever the ranks and the accumulation; a dataset's sample draws its own numbers in each.
+    expected = optimizer_steps(make_loader, 1, 1)
+    assert len(expected) == 4 and all(len(step) == 8 for step in expected)
+    for world_size, accumulation in [(1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
+        monkeypatch.setattr(WholeGlobalBatches, "accumulation", accumulation)
+        assert optimizer_steps(make_loader, world_size, accumulation) == expected, (world_size, accumulation)
 
 
 def test_augmentation_is_reproducible_and_leaves_the_global_rng_alone():
@@ -167,7 +200,8 @@ def test_resumable_dataloader_continues_mid_epoch_with_the_same_samples_and_rand
     rest = iter(resumed)
     resumed.sampler.set_epoch(1)
     assert seen + batches(rest) == expected
-    assert sorted(i for indices, _ in expected for i in indices) == list(range(37))
+    epoch = [i for indices, _ in expected for i in indices]
+    assert len(set(epoch)) == len(epoch) == 36  # 9 whole batches of 4
 
 
 def test_resumable_dataloader_order_depends_only_on_seed_and_epoch():
@@ -178,7 +212,7 @@ def test_resumable_dataloader_order_depends_only_on_seed_and_epoch():
 
     assert epoch_order(2) == epoch_order(2)
     assert epoch_order(2) != epoch_order(3) and epoch_order(2) != epoch_order(2, seed=4)
-    assert sorted(epoch_order(5)) == list(range(37))
+    assert len(set(epoch_order(5))) == 35  # 7 whole batches of 5
 
 
 def test_resumable_dataloader_position_of_an_earlier_epoch_starts_the_next_one_at_its_first_batch():

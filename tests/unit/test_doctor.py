@@ -48,7 +48,8 @@ def test_a_healthy_default_run_has_no_finding_and_a_full_history(tmp_path, caplo
     assert not [r for r in caplog.records if r.getMessage().startswith("doctor:")]
     history = summary["history"]
     assert [entry["epoch"] for entry in history] == list(range(10))
-    assert [entry["step"] for entry in history] == [20 * (epoch + 1) for epoch in range(10)]
+    # 1259 training samples: 19 whole batches of 64 an epoch (docs/sweeps.md)
+    assert [entry["step"] for entry in history] == [19 * (epoch + 1) for epoch in range(10)]
     train_samples = history[0]["samples"]
     assert [entry["samples"] for entry in history] == [train_samples * (e + 1) for e in range(10)]
     seconds = [entry["wall_s"] for entry in history]

@@ -56,34 +56,29 @@ def torch_flags() -> dict[str, Any]:
 
 
 class RunStats(Callback):
-    """Measures samples/s over the steady state (after ``warmup_batches`` training batches, with
+    """Measures samples/s over the steady state (after ``warmup_steps`` optimizer steps, with
     validation excluded), training time per epoch, and peak memory of every rank.
 
     Works under DDP (every rank times its own batches; samples count across ranks) and with gradient
-    accumulation (every micro-batch counts its samples); the samples of optimizer steps that
+    accumulation (every micro-batch counts its samples; warm-up counts optimizer steps, so at a fixed
+    global batch every configuration times the same samples); the samples of optimizer steps that
     ``NonFiniteLossGuard`` skipped (``on_nonfinite=skip``) do not count. On CUDA it synchronises only
     where a timing window opens or closes (a few times an epoch), never per batch: a per-batch sync
     would stop the CPU from queueing the next step while the GPU works, and slow the run it measures.
     """
 
-    def __init__(self, warmup_batches: int = 5) -> None:
-        self.warmup_batches = warmup_batches
+    def __init__(self, warmup_steps: int = 5) -> None:
+        self.warmup_steps = warmup_steps
         self.stats: dict[str, Any] = {}
-        self._batches = 0
-        self._samples = 0
+        self._first_step = 0  # trainer.global_step when this process started training
+        self._samples = self._tokens = 0  # timed, of the steps trained
         self._seconds = 0.0
         self._window_start: float | None = None  # perf_counter when the current window opened
-        self._window_samples = 0
-        self._tokens = 0
-        self._window_tokens = 0
         self._count_tokens: Any = None  # the module's batch_tokens, if it has one
         self._skips: dict[str, Any] | None = None  # the report of a guard that skips non-finite steps
         self._skips_seen = 0  # its skipped_steps when the last optimizer step ended
         self._step = 0  # trainer.global_step when the last optimizer step ended
-        self._samples_at_step = 0  # timed samples (and tokens) counted when the last step ended
-        self._tokens_at_step = 0
-        self._skipped_samples = 0  # timed samples (and tokens) of the steps the guard skipped
-        self._skipped_tokens = 0
+        self._step_samples = self._step_tokens = 0  # timed in the optimizer step under way
         self._epoch_start: float | None = None
         self._epoch_seconds: list[float] = []
         self.torch_flags: dict[str, Any] = {}
@@ -103,9 +98,7 @@ class RunStats(Callback):
         )
         self._skips = next((guard.report for guard in skipping), None)
         self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
-        self._step = trainer.global_step
-        self._samples_at_step = self._samples + self._window_samples
-        self._tokens_at_step = self._tokens + self._window_tokens
+        self._step = self._first_step = trainer.global_step
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -113,36 +106,31 @@ class RunStats(Callback):
         return time.perf_counter()
 
     def _close_window(self, trainer: L.Trainer) -> None:
-        if self._window_start is not None and self._window_samples:
+        if self._window_start is not None:
             self._seconds += self._now(trainer) - self._window_start
-            self._samples += self._window_samples
-            self._tokens += self._window_tokens
-        self._window_start, self._window_samples, self._window_tokens = None, 0, 0
+        self._window_start = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._epoch_start = self._now(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._window_start is None and self._batches >= self.warmup_batches:
+        if self._window_start is None and trainer.global_step - self._first_step >= self.warmup_steps:
             self._window_start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._batches += 1
         if self._window_start is not None:
-            self._window_samples += batch_samples(pl_module, batch) * trainer.world_size
+            self._step_samples += batch_samples(pl_module, batch) * trainer.world_size
             if self._count_tokens is not None:
-                self._window_tokens += int(self._count_tokens(batch)) * trainer.world_size
-        if self._skips is not None and trainer.global_step != self._step:  # this batch ended a step
-            self._end_step(trainer.global_step)
-
-    def _end_step(self, step: int) -> None:
-        samples, tokens = self._samples + self._window_samples, self._tokens + self._window_tokens
-        if self._skips["skipped_steps"] != self._skips_seen:
-            # The guard dropped this step's update: its samples took time but were not trained.
-            self._skips_seen = self._skips["skipped_steps"]
-            self._skipped_samples += samples - self._samples_at_step
-            self._skipped_tokens += tokens - self._tokens_at_step
-        self._step, self._samples_at_step, self._tokens_at_step = step, samples, tokens
+                self._step_tokens += int(self._count_tokens(batch)) * trainer.world_size
+        if trainer.global_step == self._step:
+            return  # mid-step: its samples count once it is known to be trained
+        self._step = trainer.global_step
+        if self._skips is not None and self._skips["skipped_steps"] != self._skips_seen:
+            self._skips_seen = self._skips["skipped_steps"]  # its samples took time but were not trained
+        else:
+            self._samples += self._step_samples
+            self._tokens += self._step_tokens
+        self._step_samples = self._step_tokens = 0
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # validation is not training time
@@ -154,19 +142,16 @@ class RunStats(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close_window(trainer)  # max_steps can end training mid-epoch
-        trained_samples = self._samples - self._skipped_samples
-        trained_tokens = self._tokens - self._skipped_tokens
-        samples_per_second = trained_samples / self._seconds if self._seconds > 0 else None
+        samples_per_second = self._samples / self._seconds if self._seconds > 0 else None
         epochs = self._epoch_seconds[1:] or self._epoch_seconds  # the first epoch includes warm-up
         tokens_per_second = (
-            trained_tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
+            self._tokens / self._seconds if self._count_tokens is not None and self._seconds > 0 else None
         )
         self.stats = {
             "samples_per_second": samples_per_second,
             "tokens_per_second": tokens_per_second,
-            "steady_state_batches": max(0, self._batches - self.warmup_batches),
-            "steady_state_samples": trained_samples,  # of the steps trained
-            "warmup_batches": self.warmup_batches,
+            "steady_state_samples": self._samples,  # of the steps trained
+            "warmup_steps": self.warmup_steps,
             "seconds_per_epoch": statistics.median(epochs) if epochs else None,
             "memory": _peak_memory(trainer),
         }
@@ -177,9 +162,9 @@ class RunStats(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
             log.info(
-                "throughput: %.1f samples/s (steady state, %d batches), %.2f s per epoch",
+                "throughput: %.1f samples/s (steady state, %d samples), %.2f s per epoch",
                 samples_per_second,
-                self.stats["steady_state_batches"],
+                self._samples,
                 self.stats["seconds_per_epoch"] or 0.0,
             )
 

@@ -7,15 +7,16 @@ an uninterrupted one would. For datasets read from files: ``litlab.data.Resumabl
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-log = logging.getLogger(__name__)
+from litlab.errors import LitlabError
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -29,10 +30,37 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
     return rank, world_size
 
 
+class WholeGlobalBatches(Callback):
+    """Tells litlab's training loaders the fit's accumulation, as the process group tells them the ranks:
+    they hand out whole global batches only (micro-batch x ranks x accumulation), dropping an epoch's
+    last, incomplete one in every configuration (docs/sweeps.md, "What a row's difference can come from")."""
+
+    accumulation = 1  # micro-batches per optimizer step of the fit in progress; 1 outside one
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        WholeGlobalBatches.accumulation = trainer.accumulate_grad_batches
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        WholeGlobalBatches.accumulation = 1
+
+
+def micro_batches_per_epoch(samples: int, batch_size: int, world_size: int) -> int:
+    """Micro-batches each rank trains in an epoch of ``samples``: whole global batches only."""
+    global_batch = batch_size * world_size * WholeGlobalBatches.accumulation
+    if samples < global_batch:
+        raise LitlabError(
+            f"the training split holds {samples} samples, fewer than one global batch of {global_batch}: "
+            "lower data.batch_size, global_batch_size or the accumulation"
+        )
+    return samples // global_batch * WholeGlobalBatches.accumulation
+
+
 class TensorBatches:
     """Iterates batches of in-memory tensors (any number of them, indexed together along their first
     dimension: (inputs, targets), (tokens,) ...), sharded across ranks: each rank finds its share
     from the process group, as ``ResumableDataLoader`` does (``rank`` and ``world_size`` override it).
+    Shuffled (training) epochs hold whole global batches only (``WholeGlobalBatches``); unshuffled
+    (evaluation) ones every sample, each exactly once.
 
     Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
     i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i, rank),
@@ -61,9 +89,6 @@ class TensorBatches:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.transform = transform
-        # Training shards are padded to equal length (every rank must take the same number of
-        # optimizer steps); evaluation shards are not, so metrics count every sample exactly once.
-        self.pad = shuffle
         self.epoch = 0
         self._consumed = 0  # batches of this epoch handed out so far
         self._skip = 0  # batches to skip at the next iter() (after a resume)
@@ -72,11 +97,8 @@ class TensorBatches:
         self.batch_sampler = None  # read by Lightning's DataLoader checks
 
     def set_epoch(self, epoch: int) -> None:
+        # A restored position belongs to its epoch, which limit_train_batches may have ended early.
         if epoch != self.epoch:
-            # A restored position belongs to the epoch it was saved in. A checkpoint taken after that
-            # epoch's last batch (e.g. preempted during its validation) resumes into the next epoch,
-            # which starts at its first batch; with trainer.limit_train_batches the saved position
-            # can be short of len(self), so load_state_dict alone cannot tell.
             self._skip = 0
         self.epoch = epoch
 
@@ -85,18 +107,17 @@ class TensorBatches:
         device = self.tensors[0].device
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(n, generator=generator).to(device)
+            whole = len(self) * self.batch_size * self.world_size  # the epoch's whole global batches
+            order = torch.randperm(n, generator=generator)[:whole].to(device)
         else:
             order = torch.arange(n, device=device)
-        if self.pad and self.world_size > 1:
-            total = math.ceil(n / self.world_size) * self.world_size
-            order = torch.cat([order, order[: total - n]])
         return order[self.rank :: self.world_size]
 
     def __len__(self) -> int:
         n = len(self.tensors[0])
-        per_rank = math.ceil(n / self.world_size) if self.pad else len(range(self.rank, n, self.world_size))
-        return math.ceil(per_rank / self.batch_size)
+        if self.shuffle:
+            return micro_batches_per_epoch(n, self.batch_size, self.world_size)
+        return math.ceil(len(range(self.rank, n, self.world_size)) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         order = self._order = self._shard()

@@ -40,6 +40,7 @@ from litlab.callbacks.world import WorldCheck
 from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction
 from litlab.config.rules import ConfigError, batch_sizes
+from litlab.data import WholeGlobalBatches
 from litlab.errors import LitlabError, first_line, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
@@ -356,6 +357,7 @@ def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = No
         nonfinite,
         world,
         ReseedEveryStep(cfg.seed),
+        WholeGlobalBatches(),  # every optimizer step trains on a whole global batch
         loader,
         stored,
         # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
