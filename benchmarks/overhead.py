@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import logging
 import statistics
 import tempfile
@@ -132,10 +133,12 @@ def window_probe(window: tuple[int, int], count_calls: bool) -> Any:
                 self.step_ends["cpu"].append(time.thread_time())  # main thread: least disturbed by others
                 self.step_ends["wall"].append(time.perf_counter())
             if step == start and self.profile is not None:
+                gc.disable()  # a collection's finalizers are Python calls of whatever the process holds
                 self.profile.enable()
             if step == stop:
                 if self.profile is not None:
                     self.profile.disable()
+                    gc.enable()
                     calls = sum(entry.callcount for entry in self.profile.getstats())
                     self.calls_per_step = calls / (stop - start)
                 trainer.should_stop = True

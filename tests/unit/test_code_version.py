@@ -216,11 +216,11 @@ def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_c
     }
     resume.record_start(storage, resume.Decision(code=code), tmp_path / "job")
     storage.write_text("summary.json", json.dumps({"status": "completed", "run_name": "exp_fp32"}))
-    assert DevicePoolLauncher._found_in_storage(task_cfg, config.hydra, "exp_fp32")[0] == "skipped"
+    assert DevicePoolLauncher._completed(task_cfg, config.hydra, "exp_fp32") is not None
     for changed in ("trainer.max_epochs=3", "trainer.accumulate_grad_batches=2"):
         config = compose_train([*named, changed], tmp_path / "job")
         task_cfg = DevicePoolLauncher._task_config(config)
-        assert DevicePoolLauncher._found_in_storage(task_cfg, config.hydra, "exp_fp32") is None, changed
+        assert DevicePoolLauncher._completed(task_cfg, config.hydra, "exp_fp32") is None, changed
 
 
 def test_a_run_resumed_across_a_code_edit_is_marked_in_its_summary(tmp_path, monkeypatch):

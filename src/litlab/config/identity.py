@@ -219,7 +219,7 @@ def _code_files(cfg: DictConfig) -> list[tuple[str, Path]]:
             continue
         seen.add(module)
         pending += [module.rpartition(".")[0]] if "." in module else []  # its package's __init__.py runs
-        path = signatures.module_file(module)  # None for a name in a module (project.vision.module.Net)
+        path = signatures.module_file(module)  # None for a class named in its module (package.module.Class)
         if path is None:
             continue
         files[f"{top}/{path.relative_to(root).as_posix()}" if root.is_dir() else root.name] = path
