@@ -128,6 +128,8 @@ require_free_port() {
 # daemon, detached (own session, no inherited stdio, so callers such as
 # pytest's subprocess.run do not wait on our pipes, and without the lock on
 # fd 9, which it would otherwise hold for as long as it runs), and record its pid.
+# The record is ours alone: each daemon writes its own pid file (NAME.own.pid, set below), and
+# sharing one would let wait_for read it while the daemon truncates it and call a live daemon dead.
 start_daemon() {
     local name="$1" logfile="$2"
     shift 2
@@ -275,7 +277,7 @@ if ! is_running mariadbd; then
     start_daemon mariadbd "$LOG/mariadb.out" \
         mariadbd --no-defaults --datadir="$DB_DIR/data" --user=root \
         --bind-address=127.0.0.1 --port="$DB_PORT" --socket="$DB_SOCKET" \
-        --pid-file="$RUN/mariadbd.pid" --log-error="$LOG/mariadb.log" \
+        --pid-file="$RUN/mariadbd.own.pid" --log-error="$LOG/mariadb.log" \
         --tmpdir="$DIR/tmp" --skip-name-resolve --skip-log-bin \
         --innodb-buffer-pool-size=128M --innodb-log-file-size=64M \
         --innodb-lock-wait-timeout=900 --innodb-use-native-aio=0 \
@@ -346,8 +348,8 @@ SlurmdParameters=config_overrides
 
 StateSaveLocation=$DIR/state/slurmctld
 SlurmdSpoolDir=$DIR/spool/slurmd
-SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmctldPidFile=$RUN/slurmctld.own.pid
+SlurmdPidFile=$RUN/slurmd.own.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 SlurmctldDebug=info
@@ -387,7 +389,7 @@ DbdAddr=127.0.0.1
 DbdPort=$DBD_PORT
 SlurmUser=root
 LogFile=$LOG/slurmdbd.log
-PidFile=$RUN/slurmdbd.pid
+PidFile=$RUN/slurmdbd.own.pid
 DebugLevel=info
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
