@@ -201,3 +201,24 @@ def test_compare_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words, cap
     assert len(lines) == 1 and lines[0].startswith("litlab: error:"), lines
     assert all(word in lines[0] for word in words), lines[0]
     assert not (tmp_path / "report.md").exists()
+
+
+def test_runs_of_a_module_that_logs_no_metric_report_without_a_metric_column(tmp_path):
+    """Issue 40: ``optimized_metric=null`` with Lightning's BoringModel, which logs nothing: the report
+    had an empty val/acc column in report.csv, and report.png annotated and plotted val/acc."""
+    for job, precision in enumerate(("fp32", "bf16")):
+        write_job(tmp_path / "sweep", job, precision=precision, samples_per_second=900.0 + 100 * job)
+        job_dir = tmp_path / "sweep" / str(job)
+        config = OmegaConf.load(job_dir / ".hydra" / "config.yaml")
+        config.optimized_metric = None
+        OmegaConf.save(config, job_dir / ".hydra" / "config.yaml")
+        summary = json.loads((job_dir / "summary.json").read_text())
+        (job_dir / "summary.json").write_text(json.dumps({**summary, "metrics": {}}))
+    report = report_runs([tmp_path / "sweep"], tmp_path / "out")
+    assert report.metric is None and [row["speed_up"] for row in report.rows] == [1.0, 1000.0 / 900.0]
+    header = (tmp_path / "out" / "report.csv").read_text().splitlines()[0].split(",")
+    assert "speed_up" in header and not any(
+        k in name for name in header for k in ("/acc", "None", "metric")
+    ), header
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "val/acc" not in markdown and "None" not in markdown

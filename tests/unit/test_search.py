@@ -391,6 +391,35 @@ def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch
     assert budget_of(trials).spent == 3
 
 
+def test_a_trial_that_completed_while_the_database_was_down_is_told_from_its_summary_not_trained_again(
+    tmp_path, monkeypatch
+):
+    """Issue 40: a trial completed during an outage but was never told; it went stale, and its retry
+    trained from scratch on the other worker (separate log folders), losing the value 0.775."""
+    monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
+    quick = {"heartbeat_interval": 1, "storage_outage_s": 1}
+    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, **quick)
+    sweeper.sweep([])
+    study = load(tmp_path)
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/storage/optuna/{study.study_name}.db", heartbeat_interval=1
+    )
+    untold = optuna.load_study(study_name=study.study_name, storage=storage).ask(
+        {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
+    )
+    job_dir = tmp_path / "other_worker_logs" / "multiruns" / "0"  # another worker's log folder
+    job_dir.mkdir(parents=True)
+    (job_dir / "summary.json").write_text(json.dumps({"status": "completed", "metrics": {"val/acc": 0.775}}))
+    untold.set_user_attr("job_dir", str(job_dir))
+    storage.record_heartbeat(untold._trial_id)  # then silence: the database came back too late to tell it
+    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **quick)
+    rerun.sweep([])
+    trials = load(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[3].value == 0.775 and trials[3].params["optimizer.lr"] == trials[2].params["optimizer.lr"]
+    assert pool.started == [] and trials[3].user_attrs["job_dir"] == str(job_dir)  # not trained again
+
+
 def test_an_optuna_search_composes_with_litlabs_sweeper(tmp_path):
     cfg = compose_train(["hparams_search=optuna"], tmp_path)
     sweeper = cfg.hydra.sweeper
@@ -520,6 +549,36 @@ def test_a_database_that_stops_answering_for_less_than_storage_outage_s_is_waite
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "does not answer (refused)" in warnings[0]
     assert len([r for r in caplog.records if "answers again" in r.getMessage()]) == 1
+
+
+def test_an_outage_while_no_trial_runs_says_so_and_stops_no_trial(tmp_path, monkeypatch, capsys):
+    """The database goes down for good as the only slot's trial ends: nothing was running, so the
+    line must not say the sweep "stopped its running trials"."""
+    import sqlalchemy.exc
+
+    down = [False]
+    tell = optuna.storages.RDBStorage.set_trial_state_values
+
+    def tell_while_up(storage, *args, **kwargs):
+        if down[0]:
+            refused = sqlalchemy.exc.OperationalError("COMMIT", {}, ConnectionRefusedError("refused"))
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit."
+            ) from refused
+        return tell(storage, *args, **kwargs)
+
+    def job(params, trial):
+        down[0] = True
+        return completed(params, trial)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", tell_while_up)
+    sweeper, pool = searcher(tmp_path, "sweep", job, slots=1, storage_outage_s=1)
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    assert ended.value.code == 1 and len(pool.started) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "did not answer for 1 s" in line and "no trial was running" in line, line
+    assert "stopped its running trials" not in line
 
 
 class FunctionLauncher:

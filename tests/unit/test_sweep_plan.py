@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
@@ -145,6 +146,20 @@ def test_a_value_that_does_not_compose_is_one_line_and_leaves_no_sweep_folder(tm
     line = refusal(sweeper, ["precision=fp32,fp61"], capsys)
     assert "'fp61' is not an option of group 'precision'" in line and "fp32" in line
     assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without GPUs")
+def test_a_device_this_machine_lacks_is_refused_in_the_plan_as_a_single_run_refuses_it(tmp_path, capsys):
+    """The README's sweep with trainer=gpu on a CPU machine: one line before any job, as
+    ``litlab-train trainer=gpu`` alone gives, not every job failing in its own folder."""
+    sweeper = grid(tmp_path)
+    line = refusal(sweeper, ["trainer=gpu", "trainer.devices=1,2"], capsys)
+    assert "trainer.accelerator=gpu trainer.devices=1 asks for 1 GPU(s) but this machine has 0" in line
+    assert sweeper.launcher.jobs == [] and not (tmp_path / "sweep").exists()
+    # A Slurm launcher's jobs run on the cluster's nodes: a login node without GPUs submits them.
+    slurm = grid(tmp_path, "hydra/launcher=slurm")
+    slurm.sweep(["model=mlp", "trainer=gpu", "trainer.devices=1,2"])
+    assert len(slurm.launcher.jobs) == 2
 
 
 def test_every_planned_job_is_in_the_record_before_the_first_starts(tmp_path):

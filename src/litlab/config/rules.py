@@ -34,8 +34,9 @@ class BatchSizes:
 
 
 def device_count(devices: Any) -> int | None:
-    """Processes per node asked for by ``trainer.devices``; None for "auto" (known only later)."""
-    if isinstance(devices, bool):
+    """Processes per node asked for by ``trainer.devices``; None for "auto" (known only later) and
+    where there is no such key."""
+    if devices is None or isinstance(devices, bool):
         return None
     if isinstance(devices, int):
         return devices if devices > 0 else None

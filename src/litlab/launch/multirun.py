@@ -32,6 +32,7 @@ from litlab.config.rules import ConfigError
 from litlab.errors import EXIT_REFUSED, LitlabError, error_line, one_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
+from litlab.run.combinations import check_combination
 from litlab.run.summary import COMPLETED, FAILED, NOT_STARTED, RUNNING, SWEEP_JOB_ENV, Summary, now, sweep_job
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,16 @@ class JobPlan:
             sweep_record.plan(sweep_dir, num, summary, run_dir=self.folder, overrides=self.overrides)
 
 
+# Launchers whose jobs run on this machine, so that its devices are theirs (a Slurm launcher's jobs
+# run on the cluster's nodes: a login node without GPUs submits GPU jobs).
+_LAUNCHERS_HERE = (
+    "litlab_pool.DevicePoolLauncher",
+    "submitit_launcher.LocalLauncher",
+    "joblib_launcher.JoblibLauncher",
+    "basic_launcher.BasicLauncher",
+)
+
+
 def plan_job(
     hydra_context: HydraContext,
     sweep_config: DictConfig,
@@ -266,8 +277,8 @@ def plan_job(
     """Job ``num`` composed and planned: where a sweeper checks a job's config, once, before the job
     starts (the grid: before any does); its process checks nothing again. The current HydraConfig is
     left as it was. Raises NotComposed, ``refusal`` (its ``{}``: the overrides), when the job does not
-    compose; ConfigError, the line the same value gives a single run, for a training job whose config
-    fails ``check_train_config``."""
+    compose; ConfigError or LitlabError, the line the same value gives a single run, for a training job
+    whose config fails ``check_train_config`` or asks for devices this machine lacks."""
     sweep_hydra_config = HydraConfig.instance().cfg
     try:
         try:
@@ -278,6 +289,8 @@ def plan_job(
         if config.get("task_name") != "train":
             return JobPlan(num, list(overrides), folder, None, None)
         check_train_config(config, list(config.hydra.overrides.task))
+        if str(config.hydra.launcher.get("_target_", "")).endswith(_LAUNCHERS_HERE):
+            check_combination(config.trainer, config.strategy)  # trainer=gpu on a CPU machine: before any job
         settings = run_settings(config)
         identity = run_identity(config, settings)
         summary = Summary.failed(config, None, run_dir=folder, hydra=config.hydra, status=NOT_STARTED)

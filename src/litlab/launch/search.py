@@ -560,13 +560,19 @@ class OptunaSearch(PlanningSweeper):
                     if now - self.down_since < self.storage_outage_s:
                         time.sleep(1.0)
                         continue
+                    stopping = bool(self.running) and hasattr(self.launcher, "stop")
+                    stopped = (
+                        "stopped its running trials at a checkpoint"
+                        if stopping
+                        else "stopped (no trial was running)"
+                    )
+                    resume = " (the stopped trials resume)" if stopping else ""
                     self.outage = StorageOutage(
                         f"the study's database {self.where} did not answer for {self.storage_outage_s:.0f} s "
-                        f"(hydra.sweeper.storage_outage_s; {reason}), so the sweep stopped its running "
-                        "trials at a checkpoint: run the same command once the database is back, and the "
-                        "study continues where it stopped (the stopped trials resume)"
+                        f"(hydra.sweeper.storage_outage_s; {reason}), so the sweep {stopped}: run the same "
+                        f"command once the database is back, and the study continues where it stopped{resume}"
                     )
-                    if self.running and hasattr(self.launcher, "stop"):  # at a checkpoint, as on SIGTERM
+                    if stopping:  # at a checkpoint, as on SIGTERM
                         self.launcher.stop("an outage of the study's database")
                     break
                 if self.down_since is not None:
@@ -607,6 +613,9 @@ class OptunaSearch(PlanningSweeper):
         if not budget_of(trials, below=trial.number).can_ask(self.n_trials):
             self._db(self._give_back, trial, trials)
             return None
+        if (earlier := self._completed_attempt(trial, trials)) is not None:
+            self._db(self._tell_completed_attempt, trial, *earlier)
+            return self._ask(job_idx)
         self._db(trial.set_user_attr, "job_dir", str(self.sweep_dir / str(job_idx)))
         self._db(trial.set_user_attr, "host", socket.gethostname())
         overrides = [*self.space.fixed, *trial_overrides(trial.params)]
@@ -622,6 +631,36 @@ class OptunaSearch(PlanningSweeper):
         log.info("trial %d (job %d): %s", trial.number, job_idx, " ".join(trial_overrides(trial.params)))
         env = {TRIAL_ENV: json.dumps({**self.trial_env, "trial": trial.number})}
         return QueuedJob(overrides=overrides, env=env, refusal=refusal)
+
+    def _completed_attempt(self, trial: Any, trials: Sequence[Any]) -> tuple[int, str, float] | None:
+        """For a retried trial: an earlier attempt that completed but was never told (the database was
+        down as it ended), as (its number, job folder, value), read from that job's summary.json
+        wherever the folder is readable (docs/sweeps.md: workers that share no log folder cannot)."""
+        import optuna
+
+        frozen = next(t for t in trials if t.number == trial.number)
+        by_number = {t.number: t for t in trials}
+        for number in optuna.storages.RetryFailedTrialCallback.retry_history(frozen):
+            folder = by_number[number].user_attrs.get("job_dir")
+            summary = (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
+            value = (summary.get("metrics") or {}).get(self.metric)
+            if summary.get("status") == "completed" and finite(value):
+                return number, folder, float(value)
+        return None
+
+    def _tell_completed_attempt(self, trial: Any, number: int, folder: str, value: float) -> None:
+        trial.set_user_attr("job_dir", folder)
+        self.study.tell(trial, value)
+        log.info(
+            "trial %d: %s = %.4g, from trial %d, which completed in %s while the study's database was "
+            "down: not trained again",
+            trial.number,
+            self.metric,
+            value,
+            number,
+            folder,
+        )
+        self._write_best_trial()
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
         """Another worker asked at the same moment and this trial is over the budget: mark it unused;

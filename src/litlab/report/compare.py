@@ -34,7 +34,7 @@ _COMPARED += ("metric_delta", "metric_delta_p_value", "metric_delta_significant"
 @dataclass
 class Report:
     rows: list[dict[str, Any]]  # one per configuration: its completed runs together, others alone
-    metric: str
+    metric: str | None  # None: no run has a metric to compare (optimized_metric=null)
     metric_mode: str  # "max": higher is better; "min": lower is better (a loss, a perplexity)
     test_metric: str | None
     baseline: str
@@ -79,7 +79,7 @@ def build_report(
     runs, notes = _distinct_runs(runs)
     spec = parse_baseline(baseline)
     metric, mode = _metric(runs, metric)
-    test = "test/" + metric.split("/", 1)[1] if metric.startswith("val/") else None
+    test = "test/" + metric.split("/", 1)[1] if metric and metric.startswith("val/") else None
     swept = _swept_keys(runs)
     repeat_key = REPEAT_KEY if REPEAT_KEY in swept and REPEAT_KEY not in spec else None
     settings = [k for k in swept if k != repeat_key]
@@ -185,15 +185,19 @@ def parse_baseline(text: str) -> dict[str, str]:
     return spec
 
 
-def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str, str]:
+def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str | None, str]:
     """The metric and its direction: ``asked`` (``name[:min|max]``) or the runs' optimized_metric; a
-    direction not given is optimized_metric_mode, for it and its val/ and test/ twins only."""
+    direction not given is optimized_metric_mode, for it and its val/ and test/ twins only. None
+    when nothing names one (``optimized_metric=null``) and no run logged val/acc, which runs from
+    before optimized_metric was recorded optimized."""
     first = next((run.values for run in runs if run.values.get("optimized_metric")), {})
     optimized = first.get("optimized_metric")
+    logged = sorted({name for run in runs for name in run.summary.metrics or {}})
+    if not asked and not optimized and "val/acc" not in logged:
+        return None, "max"
     name, _, mode = (asked or optimized or "val/acc").partition(":")
     if mode not in ("", "min", "max"):
         raise CompareError(f"--metric {asked}: the direction after ':' is min or max")
-    logged = sorted({name for run in runs for name in run.summary.metrics or {}})
     if asked and logged and name not in logged:
         raise CompareError(f"--metric {name}: no run logged it; the runs logged {', '.join(logged)}")
     if not mode and (optimized is None or name.split("/")[-1] == optimized.split("/")[-1]):
@@ -263,7 +267,11 @@ def _same(value: Any, wanted: str) -> bool:
 
 
 def _row(
-    runs: list[RunResult], metric: str, test_metric: str | None, swept: list[str], repeat_key: str | None
+    runs: list[RunResult],
+    metric: str | None,
+    test_metric: str | None,
+    swept: list[str],
+    repeat_key: str | None,
 ) -> dict[str, Any]:
     """A configuration's row: each figure's mean (with its 95 % interval) over one value per distinct
     seed, throughput over its timings (``_timings``); the comparison with its baseline is ``_compare``'s."""
@@ -391,7 +399,7 @@ def _seconds_to_baseline(
     return math.fsum(seconds) / len(seconds)
 
 
-def curve(summary: Any, metric: str) -> list[dict[str, float]]:
+def curve(summary: Any, metric: str | None) -> list[dict[str, float]]:
     """The run's ``metric`` per epoch from summary.json's history: wall seconds, samples seen, value."""
     points = []
     for entry in summary.history or []:

@@ -33,8 +33,9 @@ def report_runs(
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "report.csv").open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow([_format(c.csv or c.key, report) for c in COLUMNS])
-        writer.writerows([_csv_value(row.get(c.key)) for c in COLUMNS] for row in report.rows)
+        columns = _columns(report)
+        writer.writerow([_format(c.csv or c.key, report) for c in columns])
+        writer.writerows([_csv_value(row.get(c.key)) for c in columns] for row in report.rows)
     plot(report).savefig(out_dir / "report.png", dpi=110)
     (out_dir / "report.md").write_text(render_markdown(report))
     stop = f"; the sweep stopped before its end: {stopped}" if stopped else ""
@@ -61,6 +62,12 @@ def _family(key: str, header: str, cell: Any, parts: tuple[str, str], csv: str |
     return [Column(key, header, cell, csv), *(Column(f"{key}_{p}", csv=f"{csv or key}_{p}") for p in parts)]
 
 
+def _columns(report: Report) -> list[Column]:
+    """The report's columns: those of the metric only where the runs have one."""
+    about_metric = ("{metric}", "{test_metric}")
+    return [c for c in COLUMNS if report.metric or not any(m in f"{c.header}{c.csv}" for m in about_metric)]
+
+
 def _format(template: str, report: Report) -> str:
     test_metric, seed = report.test_metric or "test_metric", report.repeat_key or "seed"
     return template.format(metric=report.metric, test_metric=test_metric, seed=seed)
@@ -84,7 +91,11 @@ def _cell(column: Column, row: dict[str, Any]) -> str:
 def render_markdown(report: Report) -> str:
     """The report as Markdown: what was compared, the table (a column no row has a value in is left
     out), its marks, the statistics in words, the runs that did not complete."""
-    table = [(_format(c.header, report), [_cell(c, row) for row in report.rows]) for c in COLUMNS if c.header]
+    table = [
+        (_format(c.header, report), [_cell(c, row) for row in report.rows])
+        for c in _columns(report)
+        if c.header
+    ]
     table = [(header, cells) for header, cells in table if any(cell not in ("", "–") for cell in cells)]
     shared_keys = ", ".join("code version" if key == CODE_KEY else f"`{key}`" for key in report.context_keys)
     lines = [
@@ -372,8 +383,9 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     # A line per differing setting; tilted only when long lines or many bars would overlap.
     tilt = len(rows) > 6 or max(len(line) for label in labels for line in label.splitlines()) > 14
     memory_axis.set_xticks(list(positions), labels, rotation=35 if tilt else 0, fontsize=8)
+    annotated = f"{report.metric} annotated; " if report.metric else ""
     figure.suptitle(
-        f"Throughput and peak memory per configuration\n(hatched: the baseline; {report.metric} annotated; "
+        f"Throughput and peak memory per configuration\n(hatched: the baseline; {annotated}"
         f"error bars: {CONFIDENCE:.0%} confidence interval over seeds or timings)",
         fontsize=10,
     )
@@ -381,7 +393,13 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
 
 def _bar_note(row: dict[str, Any], report: Report) -> str:
     """What a bar's top says: the metric (and n), or how its run ended; † shared, ‡ timed apart."""
-    note = f"{report.metric}\n{row['metric']:.3f}" if finite(row["metric"]) else "no metric"
+    note = (
+        f"{report.metric}\n{row['metric']:.3f}"
+        if finite(row["metric"])
+        else "no metric"
+        if report.metric
+        else ""
+    )
     if row["status"] == PRUNED:
         note = f"pruned\nepoch {_text(row['pruned_epoch'])}"
     elif row["status"] != COMPLETED:
@@ -395,6 +413,9 @@ def _bar_note(row: dict[str, Any], report: Report) -> str:
 def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
     """The metric against wall-clock seconds and against samples seen, one line per run."""
     by_time, by_samples = figure.subplots(1, 2, sharey=True)
+    if not report.metric:
+        by_time.set_title("no metric to plot (optimized_metric is null; --metric names one)", fontsize=9)
+        return
     styles: dict[str, int] = {}  # runs of one precision are told apart by the line style
     drawn = 0
     for row in report.rows:
