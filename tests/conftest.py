@@ -41,6 +41,12 @@ os.environ["LITLAB_TEST_SEED"] = str(TEST_SEED)  # pytest-xdist's workers, start
 # server that is not there, and wait for it (14 s per GCS filesystem made without credentials).
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "true")
+# One intra-op thread per torch process: the tests' processes are tiny runs, two xdist workers start
+# them side by side (DDP tests two ranks each), and torch's default of a thread per core
+# oversubscribes the cores, whose OpenMP threads then spin waiting for each other (measured on 2
+# cores: the DDP and resume tests took 74-80 s with the default, 58-61 s with one thread). The device
+# pool's own OMP_NUM_THREADS per job is unchanged (it takes the smaller of its cores and this).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_report_header() -> str:

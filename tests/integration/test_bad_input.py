@@ -36,8 +36,10 @@ class Case:
     marks: list = field(default_factory=list)
 
 
-# The cores this process may use, as coreutils counts them (not the engine's own helper).
-CORES = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+# The cores this process may use, as coreutils counts them (not the engine's own helper); nproc
+# would print OMP_NUM_THREADS instead, which tests/conftest.py sets for the tests' torch processes.
+_NO_OMP = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+CORES = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True, env=_NO_OMP).stdout)
 
 CASES = {
     # --- litlab-train: composition and schema -----------------------------------------------

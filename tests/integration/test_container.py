@@ -127,6 +127,7 @@ def test_ci_workflow_for_forks_runs_make_test():
     assert any(step.get("uses", "").startswith("actions/checkout@") for step in steps)
     commands = [step["run"] for step in steps if "run" in step]
     assert any(re.search(r"\bmake test\b", command) for command in commands), commands
+    assert any(re.search(r"\bmake test-image\b", command) for command in commands), commands
     assert "make test" in (REPO / ".ci" / "run").read_text()  # the same entry point as this project's CI
 
 
