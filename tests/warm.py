@@ -379,6 +379,7 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket) 
     os.environ.clear()
     os.environ.update(request["env"])
     _reseed_numpy()
+    _read_rank_again()
     if stand_in is not None:
         import setproctitle  # a dev dependency (pyproject.toml)
 
@@ -524,6 +525,15 @@ def _job_server(path: str, owner: int) -> socket.socket | None:
             return None
         time.sleep(0.1)
     return None
+
+
+def _read_rank_again() -> None:
+    """Lightning reads the process's rank from the environment once, as it is imported: in the server,
+    whose environment is that of the job that started it (a DDP rank 1 made every later child rank 1).
+    Read again here, from the child's, as a cold import reads it."""
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0
 
 
 def _reseed_numpy() -> None:

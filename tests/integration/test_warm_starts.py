@@ -100,3 +100,35 @@ def test_a_ddp_run_started_warm_prints_and_trains_exactly_as_one_started_cold(tm
     assert outcomes["warm"] == outcomes["cold"]
     folder = Path(WARM.job_servers().rsplit(":", 1)[0])
     assert list(folder.glob("jobs-*.sock")), "no rank was handed to a job server"
+
+
+def test_a_warm_child_reads_its_rank_from_its_own_environment_whoever_started_the_server(tmp_path):
+    """Lightning reads a process's rank from the environment once, at import: in a job server, with
+    the environment of the job that started it. A server started by a DDP rank 1 (LOCAL_RANK=1) made
+    every later child rank 1 until its Trainer said otherwise: a sweep job's W&B experiment was then
+    Lightning's dummy, and its final metrics failed ('function' object has no attribute 'update')."""
+    import os
+
+    import psutil
+
+    (tmp_path / "rank_probe.py").write_text(
+        "from lightning.fabric.utilities.rank_zero import rank_zero_only\nprint(rank_zero_only.rank)\n"
+    )
+    setting = f"{tmp_path}:{os.getpid()}"  # a server of this test's own
+    hand_over = f"import tests.warm as w; w.run_job_warm({setting!r}, ['-m', 'rank_probe'])"
+    base = {k: v for k, v in command_env().items() if k not in ("LOCAL_RANK", "RANK", "LITLAB_SWEEP_JOB")}
+    base["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    try:
+        ranks = [
+            subprocess.run(
+                [sys.executable, "-c", hand_over], env={**base, **extra}, cwd=tmp_path, capture_output=True,
+                text=True, timeout=120,
+            )  # fmt: skip
+            for extra in ({"LOCAL_RANK": "1"}, {"LITLAB_SWEEP_JOB": "1"})
+        ]
+        assert [(r.returncode, r.stdout) for r in ranks] == [(0, "1\n"), (0, "0\n")], [r.stderr for r in ranks]
+        assert list(tmp_path.glob("jobs-*.sock")), "both ran warm, through the one server"
+    finally:
+        for process in psutil.process_iter(["cmdline"]):
+            if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
+                process.kill()
