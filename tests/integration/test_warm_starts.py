@@ -121,12 +121,17 @@ def test_a_warm_child_reads_its_rank_from_its_own_environment_whoever_started_th
     try:
         ranks = [
             subprocess.run(
-                [sys.executable, "-c", hand_over], env={**base, **extra}, cwd=tmp_path, capture_output=True,
-                text=True, timeout=120,
+                [sys.executable, "-c", hand_over],
+                env={**base, **extra},
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )  # fmt: skip
             for extra in ({"LOCAL_RANK": "1"}, {"LITLAB_SWEEP_JOB": "1"})
         ]
-        assert [(r.returncode, r.stdout) for r in ranks] == [(0, "1\n"), (0, "0\n")], [r.stderr for r in ranks]
+        printed = [(r.returncode, r.stdout) for r in ranks]
+        assert printed == [(0, "1\n"), (0, "0\n")], [r.stderr for r in ranks]
         assert list(tmp_path.glob("jobs-*.sock")), "both ran warm, through the one server"
     finally:
         for process in psutil.process_iter(["cmdline"]):
