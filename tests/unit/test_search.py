@@ -365,22 +365,31 @@ def test_an_interrupted_trial_is_retried_at_most_max_retry_times(tmp_path):
     assert not any("failed_trial" in t.system_attrs for t in trials), "max_retry=0: no retry"
 
 
-def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
+# A trial is stale once silent for two heartbeats plus storage_outage_s: 3 s here.
+QUICK = {"heartbeat_interval": 1, "storage_outage_s": 1}
+
+
+def a_trial_left_running(tmp_path: Path, monkeypatch, job_dir: Path | None = None) -> None:
+    """A study of two completed trials and a third that a sweep asked for, gave one heartbeat and then
+    left (it died, or the database was down when it ended); its job folder ``job_dir``."""
     monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
-    # A trial is stale once silent for two heartbeats plus storage_outage_s: 3 s here.
-    quick = {"heartbeat_interval": 1, "storage_outage_s": 1}
-    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, **quick)
+    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, **QUICK)
     sweeper.sweep([])
     study = load(tmp_path)
-    # A sweep that died with a trial running: asked for, one heartbeat, then silence.
     storage = optuna.storages.RDBStorage(
         f"sqlite:///{tmp_path}/storage/optuna/{study.study_name}.db", heartbeat_interval=1
     )
-    dead = optuna.load_study(study_name=study.study_name, storage=storage).ask(
+    left = optuna.load_study(study_name=study.study_name, storage=storage).ask(
         {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
     )
-    storage.record_heartbeat(dead._trial_id)
-    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **quick)
+    if job_dir is not None:
+        left.set_user_attr("job_dir", str(job_dir))
+    storage.record_heartbeat(left._trial_id)
+
+
+def test_a_dead_sweeps_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
+    a_trial_left_running(tmp_path, monkeypatch)
+    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **QUICK)
     started = time.monotonic()
     rerun.sweep([])
     trials = load(tmp_path).trials
@@ -396,23 +405,11 @@ def test_a_trial_that_completed_while_the_database_was_down_is_told_from_its_sum
 ):
     """Issue 40: a trial completed during an outage but was never told; it went stale, and its retry
     trained from scratch on the other worker (separate log folders), losing the value 0.775."""
-    monkeypatch.setattr(search, "WAIT_FOR_OTHERS_S", 0.2)
-    quick = {"heartbeat_interval": 1, "storage_outage_s": 1}
-    sweeper, _ = searcher(tmp_path, "sweep1", completed, n_trials=2, **quick)
-    sweeper.sweep([])
-    study = load(tmp_path)
-    storage = optuna.storages.RDBStorage(
-        f"sqlite:///{tmp_path}/storage/optuna/{study.study_name}.db", heartbeat_interval=1
-    )
-    untold = optuna.load_study(study_name=study.study_name, storage=storage).ask(
-        {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
-    )
     job_dir = tmp_path / "other_worker_logs" / "multiruns" / "0"  # another worker's log folder
     job_dir.mkdir(parents=True)
     (job_dir / "summary.json").write_text(json.dumps({"status": "completed", "metrics": {"val/acc": 0.775}}))
-    untold.set_user_attr("job_dir", str(job_dir))
-    storage.record_heartbeat(untold._trial_id)  # then silence: the database came back too late to tell it
-    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **quick)
+    a_trial_left_running(tmp_path, monkeypatch, job_dir)  # the database came back too late to tell it
+    rerun, pool = searcher(tmp_path, "sweep2", completed, n_trials=3, **QUICK)
     rerun.sweep([])
     trials = load(tmp_path).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
