@@ -73,6 +73,14 @@ def raise_sigterm_after_this_batch(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def accumulating(trainer: L.Trainer) -> bool:
+    """Whether the training batch in progress (or just ended) leaves its gradients accumulated for a
+    later optimizer step: a stop there would lose them (no checkpoint holds gradients). Lightning
+    decides it in its epoch loop, with its strategy's say on the epoch's last batch; no public API
+    tells a callback."""
+    return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
 def cluster_environment(trainer: L.Trainer) -> Any:
     """The cluster environment the Trainer detected (SLURMEnvironment under Slurm, with its requeue
     signal). A multi-device strategy has it as ``strategy.cluster_environment``; a single-device

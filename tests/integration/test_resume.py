@@ -481,3 +481,19 @@ def test_a_run_reading_image_files_with_workers_and_random_augmentation_resumes_
     expected = final_state(local_last_checkpoint(alone))
     assert "rng" in expected
     assert_same_tensors(expected, final_state(local_last_checkpoint(log_dir)), "image files")
+
+
+def test_a_sigterm_within_an_accumulation_window_stops_at_its_step_and_resumes_bitwise_equal(tmp_path):
+    """With accumulation, the batch in progress may leave gradients accumulated for a later step;
+    no checkpoint holds them, so a stop there resumed into another run. The stop waits for the
+    window's optimizer step."""
+    accumulate = ["trainer.accumulate_grad_batches=2"]
+    whole = tmp_path / "uninterrupted" / "logs"
+    ok(litlab("litlab-train", *HOOKED, *accumulate, env=env_for(whole)))
+    log_dir = tmp_path / "logs"
+    stop_at(Stop("SIGTERM", "train_batch_start", 3), log_dir, *accumulate)  # the 4th window's first batch
+    preempted = storage_folder(log_dir) / "checkpoints" / "preempted.ckpt"
+    assert valid_checkpoints(preempted.parent)[preempted] == 4  # its second batch, then its step
+    ok(litlab("litlab-train", *HOOKED, *accumulate, env=env_for(log_dir)))
+    expected = final_state(local_last_checkpoint(whole))
+    assert_ends_as_uninterrupted(Outcome(whole, expected, {}, b""), log_dir, "SIGTERM mid-window")

@@ -152,6 +152,20 @@ def test_lightning_raises_sigterm_after_the_batch_in_progress(tmp_path) -> None:
     assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == 3
 
 
+class _Accumulating(Callback):
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seen.append(internals.accumulating(trainer))
+
+
+def test_accumulating_is_true_within_a_window_and_false_at_its_step(tmp_path) -> None:
+    seen = _Accumulating()
+    _trainer(tmp_path, max_steps=2, accumulate_grad_batches=3, callbacks=[seen]).fit(BoringModel())
+    assert seen.seen == [True, True, False] * 2
+
+
 def test_cluster_environment_single_device_and_under_slurm(tmp_path, monkeypatch) -> None:
     assert isinstance(internals.cluster_environment(_trainer(tmp_path)), LightningEnvironment)
     monkeypatch.setenv("SLURM_NTASKS", "1")

@@ -38,11 +38,12 @@ def received():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10) -> L.Trainer:
+def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int = 1) -> L.Trainer:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=max_steps,
+        accumulate_grad_batches=accumulation,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -70,3 +71,21 @@ def test_after_a_fit_that_was_not_stopped_the_handler_of_before_is_back(tmp_path
     assert trainer.global_step == 2
     os.kill(os.getpid(), signal.SIGTERM)
     assert received == [signal.SIGTERM]
+
+
+class _Batches(Callback):
+    def __init__(self) -> None:
+        self.ended: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ended.append(batch_idx)
+
+
+def test_a_sigterm_within_an_accumulation_window_stops_at_the_windows_optimizer_step(tmp_path, received):
+    """Stopped after the batch in progress, a run with accumulation left the window's gradients
+    accumulated and unsaved: preempted.ckpt's resume stepped on part of a window (not the run it
+    would have been). The stop waits for the window's optimizer step."""
+    batches = _Batches()
+    with pytest.raises(SIGTERMException):
+        _fit(tmp_path, _SigtermAt(5), batches, accumulation=4)  # batch 5: the second window's second
+    assert batches.ended == list(range(8))  # the second window ended, and with it the second step

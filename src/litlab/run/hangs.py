@@ -49,7 +49,7 @@ from litlab.heartbeat import (
     describe,
     order,
 )
-from litlab.library_internals import cluster_environment, raise_sigterm_after_this_batch
+from litlab.library_internals import accumulating, cluster_environment, raise_sigterm_after_this_batch
 from litlab.run import failures
 from litlab.storage.checkpoints import in_an_epochs_last_batch, newest_checkpoint
 
@@ -188,20 +188,23 @@ class RankWatch(Callback):
     def _note(self, trainer: L.Trainer, name: str) -> None:
         self.requested = True
         self.requeue = self.requeue or name != "SIGTERM"
-        log.warning("%s on rank %d: every rank stops after this batch", name, trainer.global_rank)
-        # Under DDP the ranks decide together at the batch's end (on_train_batch_end).
-        if trainer.world_size == 1 and not _epoch_ending(trainer):
+        where = "this batch" if trainer.accumulate_grad_batches == 1 else "this accumulation window's step"
+        log.warning("%s on rank %d: every rank stops after %s", name, trainer.global_rank, where)
+        # Under DDP the ranks decide together at the batch's end (on_train_batch_end), and so does a
+        # run that accumulates gradients (at the window's last batch).
+        if trainer.world_size == 1 and trainer.accumulate_grad_batches == 1 and not _epoch_ending(trainer):
             self._stop(trainer)  # Lightning stops after the batch in progress
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not self._agreed(trainer):
             return
         # The ranks met at a batch boundary and agreed, within preempt_grace (the watchdog's); a
-        # validation under way is finished first, watched by hang_timeout like any other.
+        # validation under way, or the rest of an accumulation window (whose gradients no checkpoint
+        # holds), is finished first, watched by hang_timeout like any other.
         self.boundary_reached = True
         if _epoch_ending(trainer):
             self.at_epoch_end = True
-        else:
+        elif not accumulating(trainer):
             self._stop(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
