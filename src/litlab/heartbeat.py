@@ -150,6 +150,15 @@ def slurm_job_id() -> str | None:
     return f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
 
 
+def pid_namespace() -> int | None:
+    """This process's pid namespace (its inode; None off Linux): containers that share the host's
+    name (host networking) each number their processes, pid 1 included, on their own."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def record(**more: Any) -> dict[str, Any]:
     """This rank's heartbeat record: who (host, pid, its start, Slurm job), where (``HEARTBEAT``'s
     state, and in words) and when (``heartbeat``, POSIX time). The watchdog writes it into the run
@@ -160,6 +169,7 @@ def record(**more: Any) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "process_started": psutil.Process().create_time(),
+        "pid_namespace": pid_namespace(),
         "slurm_job": slurm_job_id(),
         **asdict(state),
         "where": describe(state),

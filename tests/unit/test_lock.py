@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from litlab import heartbeat
 from litlab.storage.lock import (
     HANDOVER_ENV,
     STALE_AFTER_S,
@@ -109,6 +111,18 @@ def test_the_holder_of_a_reused_pid_is_another_process(storage):
     assert (
         Holder(**json.loads(Path(lock_url(storage)).read_text())).stale_because() == "its process 1 is gone"
     )
+
+
+@pytest.mark.parametrize("pid", ["ours", 1], ids=["our pid", "a pid that runs here"])
+def test_a_live_holder_in_another_container_of_this_host_name_is_refused(storage, pid):
+    """Containers with the host's name (host networking) each have their own pids, often pid 1: a
+    lock of another container matched this process (taken over as its own) or a process of ours
+    with another start time (taken over as gone), while its holder trained on."""
+    elsewhere = heartbeat.pid_namespace() + 1  # another container's pid namespace
+    pid = os.getpid() if pid == "ours" else pid
+    write_lock(storage, host=socket.gethostname(), pid=pid, process_started=1.0, pid_namespace=elsewhere)
+    with pytest.raises(RunLocked, match=f"is held by pid {pid} on {socket.gethostname()}"):
+        RunLock(storage).acquire()
 
 
 def test_an_array_task_names_itself_one_way_in_its_lock_and_its_requeue(storage, monkeypatch):

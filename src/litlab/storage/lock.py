@@ -50,6 +50,7 @@ class Holder:
     heartbeat: float  # when it last said it is alive (POSIX time)
     token: str  # tells this holder's writes from a later one's
     process_started: float | None = None  # its process's start time (a reused pid is another process)
+    pid_namespace: int | None = None  # whose pids (another container's, though of this host name)
     slurm_job: str | None = None
     where: str | None = None  # where its run is (``litlab.heartbeat.describe``)
 
@@ -64,7 +65,7 @@ class Holder:
 
     def stale_because(self) -> str | None:
         """Why this lock may be taken over; None while its holder may still be running."""
-        if self.host == socket.gethostname():
+        if self.host == socket.gethostname() and self.pid_namespace in (None, heartbeat.pid_namespace()):
             if self.pid == os.getpid():
                 return "it is this process's own"
             if not heartbeat.alive(self.pid, self.process_started):
