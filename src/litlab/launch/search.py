@@ -613,8 +613,16 @@ class OptunaSearch(PlanningSweeper):
         if not budget_of(trials, below=trial.number).can_ask(self.n_trials):
             self._db(self._give_back, trial, trials)
             return None
-        if (earlier := self._completed_attempt(trial, trials)) is not None:
-            self._db(self._tell_completed_attempt, trial, *earlier)
+        if (earlier := self._completed_attempt(trial, trials)) is not None:  # told, not trained again
+            folder = earlier.user_attrs["job_dir"]
+            log.info(
+                "trial %d: told from trial %d, which completed in %s while the study's database was down",
+                trial.number,
+                earlier.number,
+                folder,
+            )
+            self._db(trial.set_user_attr, "job_dir", folder)
+            self._db(self._tell, trial, _job_summary(earlier))
             return self._ask(job_idx)
         self._db(trial.set_user_attr, "job_dir", str(self.sweep_dir / str(job_idx)))
         self._db(trial.set_user_attr, "host", socket.gethostname())
@@ -632,35 +640,20 @@ class OptunaSearch(PlanningSweeper):
         env = {TRIAL_ENV: json.dumps({**self.trial_env, "trial": trial.number})}
         return QueuedJob(overrides=overrides, env=env, refusal=refusal)
 
-    def _completed_attempt(self, trial: Any, trials: Sequence[Any]) -> tuple[int, str, float] | None:
+    def _completed_attempt(self, trial: Any, trials: Sequence[Any]) -> Any | None:
         """For a retried trial: an earlier attempt that completed but was never told (the database was
-        down as it ended), as (its number, job folder, value), read from that job's summary.json
-        wherever the folder is readable (docs/sweeps.md: workers that share no log folder cannot)."""
+        down as it ended), found by its job's summary.json wherever that folder is readable
+        (docs/sweeps.md: workers that share no log folder cannot)."""
         import optuna
 
-        frozen = next(t for t in trials if t.number == trial.number)
         by_number = {t.number: t for t in trials}
-        for number in optuna.storages.RetryFailedTrialCallback.retry_history(frozen):
-            folder = by_number[number].user_attrs.get("job_dir")
-            summary = (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
-            value = (summary.get("metrics") or {}).get(self.metric)
-            if summary.get("status") == "completed" and finite(value):
-                return number, folder, float(value)
+        for number in optuna.storages.RetryFailedTrialCallback.retry_history(by_number[trial.number]):
+            summary = _job_summary(by_number[number])
+            if summary.get("status") == "completed" and finite(
+                (summary.get("metrics") or {}).get(self.metric)
+            ):
+                return by_number[number]
         return None
-
-    def _tell_completed_attempt(self, trial: Any, number: int, folder: str, value: float) -> None:
-        trial.set_user_attr("job_dir", folder)
-        self.study.tell(trial, value)
-        log.info(
-            "trial %d: %s = %.4g, from trial %d, which completed in %s while the study's database was "
-            "down: not trained again",
-            trial.number,
-            self.metric,
-            value,
-            number,
-            folder,
-        )
-        self._write_best_trial()
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
         """Another worker asked at the same moment and this trial is over the budget: mark it unused;
@@ -754,12 +747,17 @@ class OptunaSearch(PlanningSweeper):
             log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
 
 
+def _job_summary(trial: Any) -> dict[str, Any]:
+    """The summary.json of the job that ran ``trial`` (its ``job_dir``); {} where there is none."""
+    folder = trial.user_attrs.get("job_dir")
+    return (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
+
+
 def record_study(study: optuna.Study, sweep_dir: Path) -> None:
     """The sweep's record of a study that was complete before it started: each of its trials, as
     skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
     for trial in study.get_trials(deepcopy=False):
-        folder = trial.user_attrs.get("job_dir")
-        summary = (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
+        summary = _job_summary(trial)
         if summary and not trial.user_attrs.get(UNUSED_ATTR):
             note = f"trial {trial.number} of study {study.study_name}, {sweep_record.skipped_note(summary)}"
             sweep_record.write_job(
@@ -767,7 +765,7 @@ def record_study(study: optuna.Study, sweep_dir: Path) -> None:
                 trial.number,
                 sweep_record.SKIPPED,
                 summary,
-                run_dir=Path(summary.get("run_dir") or folder),
+                run_dir=Path(summary.get("run_dir") or trial.user_attrs["job_dir"]),
                 overrides=summary.get("overrides") or [],
                 note=note,
             )

@@ -393,13 +393,9 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
 
 def _bar_note(row: dict[str, Any], report: Report) -> str:
     """What a bar's top says: the metric (and n), or how its run ended; † shared, ‡ timed apart."""
-    note = (
-        f"{report.metric}\n{row['metric']:.3f}"
-        if finite(row["metric"])
-        else "no metric"
-        if report.metric
-        else ""
-    )
+    note = "no metric" if report.metric else ""  # none asked for: the bar says how its run ended only
+    if finite(row["metric"]):
+        note = f"{report.metric}\n{row['metric']:.3f}"
     if row["status"] == PRUNED:
         note = f"pruned\nepoch {_text(row['pruned_epoch'])}"
     elif row["status"] != COMPLETED:
