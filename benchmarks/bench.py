@@ -26,7 +26,10 @@ Sections:
 4. loaders: samples/s of a plain DataLoader, litlab's ResumableDataLoader and TensorBatches over the
    same small in-memory table (one process, no workers), alone and feeding a small MLP's training
    steps (issue 40: ResumableDataLoader once made such a task ~7x slower).
-5. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
+5. ddp: the cnn-digits case on 2 CPU ranks (gloo, Lightning's subprocess launcher), litlab and bare
+   Lightning alternating: median optimizer step (issue 41: litlab / bare Lightning at most 1.05) and
+   process start to first optimizer step (a 2-rank start: every rank's own start and the launcher).
+6. accelerator (CUDA only): resnet18 throughput, peak memory and TFLOP/s per precision and
    accumulation, and the matmul/TF32 settings they ran with.
 
 This module imports neither torch nor Lightning at the top: the parent process only starts others.
@@ -109,6 +112,7 @@ class Settings:
         }
     )
     import_modules: tuple[str, ...] = ("torch", "lightning")
+    ddp_steps: int = 150
     loader_epochs: int = 5  # alternating epochs of each loader: the median counts
     accelerator_steps: int = 25
     accelerator_warmup: int = 5
@@ -136,6 +140,7 @@ class Settings:
             grid_devices=(2,),
             options={"cnn-digits": (AUGMENT_DIGITS,)},
             import_modules=("lightning",),
+            ddp_steps=12,
             loader_epochs=1,
             accelerator_steps=4,
             accelerator_warmup=2,
@@ -169,7 +174,7 @@ def bare_lightning(overrides: list[str], steps: int, warmup_steps: int, out: Pat
 
     from benchmarks.step_timer import StepTimer
     from litlab.config.rules import batch_sizes
-    from litlab.run.build import build_datamodule, build_module
+    from litlab.run.build import build_datamodule, build_module, build_strategy
 
     data = build_datamodule(cfg, batch_sizes(cfg.data, cfg.trainer).micro)
     module = build_module(cfg)
@@ -181,6 +186,7 @@ def bare_lightning(overrides: list[str], steps: int, warmup_steps: int, out: Pat
     }
     trainer = L.Trainer(
         **trainer_args,
+        strategy=build_strategy(cfg.strategy),  # the config's own (ddp: its timeout, its launcher)
         precision=cfg.precision.value,
         logger=False,
         enable_checkpointing=False,
@@ -494,6 +500,36 @@ def step_and_startup_sections(bench: Bench) -> tuple[dict[str, Any], dict[str, A
         pairs = zip(startup["first_step_s"], startup["import_lightning_s"], strict=True)
         startup["first_step_after_lightning_import_s"] = [first - imported for first, imported in pairs]
     return cases, {k: spread(v) for k, v in startup.items() if v}
+
+
+DDP_CASE = [*STEP_CASES["cnn-digits"], "strategy=ddp", "trainer.devices=2"]
+# issue 41: litlab on 2 ranks may add at most 5% to bare Lightning's per-step time, as on one.
+DDP_TARGET = 1.05
+
+
+def ddp_section(bench: Bench) -> dict[str, Any]:
+    """litlab and bare Lightning on 2 CPU ranks, alternating: per-step time and process start to
+    first optimizer step (rank 0's clock; its children start from it)."""
+    steps = bench.settings.ddp_steps
+    runs = []
+    for _ in range(bench.settings.repeats):
+        results = {r: bench.timed_run("ddp-cnn-digits", r, DDP_CASE, steps) for r in ("litlab", "lightning")}
+        pair: dict[str, Any] = {}
+        for runner, result in results.items():
+            pair[f"{runner}_step_ms"] = median_ms(result)
+            pair[f"{runner}_steps"] = len(result["step_ends"])
+            pair[f"{runner}_first_step_s"] = result["first_step_unix"] - result["process_start_unix"]
+        pair["litlab_vs_lightning"] = pair["litlab_step_ms"] / pair["lightning_step_ms"]
+        pair["startup_extra_s"] = pair["litlab_first_step_s"] - pair["lightning_first_step_s"]
+        runs.append(pair)
+    figures = ("litlab_step_ms", "lightning_step_ms", "litlab_vs_lightning")
+    figures += ("litlab_first_step_s", "lightning_first_step_s", "startup_extra_s")
+    return {
+        "overrides": DDP_CASE,
+        "steps": steps,
+        "runs": runs,
+        **{k: spread([r[k] for r in runs]) for k in figures},
+    }
 
 
 def sweep_section(bench: Bench) -> dict[str, Any]:
@@ -887,6 +923,27 @@ def markdown(result: dict[str, Any]) -> str:
                 s = startup[key]
                 lines.append(f"| {label} | {s['median']:.2f} | {s['min']:.2f}-{s['max']:.2f} |")
         lines.append("")
+    ddp = result.get("ddp")
+    if ddp:
+        lines += [
+            f"**DDP** (`{' '.join(ddp['overrides'])}`, 2 CPU ranks, {ddp['steps']} steps, {len(ddp['runs'])} "
+            f"alternating repeats; target for litlab / bare Lightning: {DDP_TARGET})",
+            "",
+            "| measure | median | min-max |",
+            "| --- | ---: | ---: |",
+        ]
+        labels = {
+            "lightning_step_ms": "bare Lightning: ms per optimizer step",
+            "litlab_step_ms": "litlab: ms per optimizer step",
+            "litlab_vs_lightning": "**litlab / bare Lightning**",
+            "lightning_first_step_s": "bare Lightning: process start to first step, s",
+            "litlab_first_step_s": "litlab: process start to first step, s",
+            "startup_extra_s": "litlab's 2-rank start minus bare Lightning's, s",
+        }
+        for key, label in labels.items():
+            s = ddp[key]
+            lines.append(f"| {label} | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} |")
+        lines.append("")
     sweep = result.get("sweep")
     if sweep:
         pool, grid = sweep["pool"], sweep["grid"]
@@ -986,7 +1043,7 @@ def machine(threads: int) -> dict[str, Any]:
 # --- entry points ----------------------------------------------------------------------------
 
 
-SECTIONS = ("step", "loaders", "sweep", "accelerator")
+SECTIONS = ("step", "loaders", "sweep", "ddp", "accelerator")
 
 
 def run_bench(args: argparse.Namespace) -> Path:
@@ -1013,6 +1070,8 @@ def run_bench(args: argparse.Namespace) -> Path:
         result["loaders"] = loaders_section(bench)
     if "sweep" in sections:
         result["sweep"] = sweep_section(bench)
+    if "ddp" in sections:
+        result["ddp"] = ddp_section(bench)
     if "accelerator" in sections:
         result["accelerator"] = accelerator_section(bench, args.accelerator_device)
         if "skipped" in result["accelerator"]:

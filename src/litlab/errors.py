@@ -1,11 +1,11 @@
-"""Problems a user can fix (``LitlabError``, one sentence naming the value and what to do), the
-checks that raise them once torch is loaded, and warnings for setups that run but mislead. How an
-error ends the process, in one line, is ``litlab.run.ending``'s.
+"""Problems a user can fix (``LitlabError``, one sentence naming the value and what to do), the exit
+codes, the one-line forms of errors, and checks and warnings of a run's setup once torch is loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
@@ -20,8 +20,7 @@ ERROR_PREFIX = "litlab: error: "
 
 
 def error_line(reason: object) -> str:
-    """The one form of a one-line error: ``litlab: error: <reason>``, its runs of spaces and line
-    breaks made one space."""
+    """The one form of a one-line error: ``litlab: error: <reason>``, on one line."""
     return ERROR_PREFIX + one_line(reason)
 
 
@@ -49,6 +48,17 @@ class LitlabError(CompactHydraException):
         return error_line(self.reason)
 
 
+def describe_exit(returncode: int, guess: bool = True) -> str:
+    """How a process ended: "exited with status 1", "was killed by SIGKILL (out of memory?)" (``guess``)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+    return f"was killed by {name}" + (" (out of memory?)" if guess and name == "SIGKILL" else "")
+
+
 def error_chain(error: BaseException) -> list[BaseException]:
     """The error and those it was raised from or while handling, innermost last."""
     seen: list[BaseException] = []
@@ -60,14 +70,14 @@ def error_chain(error: BaseException) -> list[BaseException]:
 
 def forked_rank_failure(error: BaseException) -> str | None:
     """Which ``strategy=ddp_notebook`` rank failed and why, from the error torch.multiprocessing raises
-    in the process that forked the ranks (it carries the rank's traceback as text); None for other errors."""
+    in the process that forked the ranks; None for other errors."""
     names = {cls.__name__ for cls in type(error).__mro__}
     rank = getattr(error, "error_index", "?")
     if "ProcessRaisedException" in names:
         last = [line for line in str(getattr(error, "msg", error)).splitlines() if line.strip()][-1]
         kind, _, message = last.partition(": ")
-        if message.startswith("litlab: error: "):
-            return f"rank {rank}: {message.removeprefix('litlab: error: ')}"
+        if message.startswith(ERROR_PREFIX):
+            return f"rank {rank}: {message.removeprefix(ERROR_PREFIX)}"
         return f"rank {rank} failed: {kind.rsplit('.', 1)[-1]}: {message}"
     if "ProcessExitedException" in names:
         how = f"was killed by {error.signal_name}" if getattr(error, "signal_name", None) else "exited"
@@ -76,8 +86,7 @@ def forked_rank_failure(error: BaseException) -> str | None:
 
 
 def check_gpus_available(node: DictConfig, prefix: str = "trainer.") -> None:
-    """A LitlabError when ``node.accelerator``/``node.devices`` ask for more GPUs than this machine
-    has (Lightning's own message for that is "No supported gpu backend found!")."""
+    """A LitlabError when ``node.accelerator``/``node.devices`` ask for more GPUs than this machine has."""
     import torch
 
     accelerator, devices = str(node.get("accelerator", "auto")), node.get("devices", "auto")

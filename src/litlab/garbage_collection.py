@@ -1,7 +1,5 @@
-"""When Python's cyclic garbage collector may walk the objects torch and Lightning create on import.
-
-They are many and long-lived, and a full collection walks all of them, during training and at
-shutdown (docs/performance.md): they are frozen instead. Nothing here imports torch.
+"""The objects torch and Lightning create on import are many and long-lived: frozen, so that Python's
+cyclic garbage collector does not walk them during training and at exit (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -13,10 +11,9 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def existing_objects_frozen() -> Iterator[None]:
-    """Hides what exists now from the collector while the block runs (training: one full
-    collection in 600 steps of a small model cost a tenth of its training time, and under DDP the other
-    ranks wait for it in the next all-reduce). Unfrozen afterwards, so that what runs after the fit
-    in the same process (the test, a second fit in a notebook) can collect the fit's garbage."""
+    """Hides what exists now from the collector while the block (training) runs; under DDP the other
+    ranks would wait for a full collection in the next all-reduce. Unfrozen afterwards, so that what
+    runs after the fit in the same process (the test, a notebook's next fit) collects its garbage."""
     gc.freeze()
     try:
         yield

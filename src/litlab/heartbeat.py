@@ -1,10 +1,7 @@
-"""Where this rank is in its run (``HEARTBEAT``), the one record per rank that says it (``record``),
-and the one watchdog thread per process that writes and reads it (``watch``).
-
-The loop's hooks and the checkpoint writer only set attributes (no I/O, no lock); the thread's jobs
-(the hang, peer and preemption watch of ``litlab.run.hangs``, the run lock's refresh of
-``litlab.storage.lock``) read them. Ranks run the same hooks in order, so the rank with the fewest
-beats is the one the others wait for.
+"""Where this rank is in its run (``HEARTBEAT``), the record that says it (``record``), and the one
+watchdog thread per process whose jobs read it (``watch``: ``litlab.run.hangs``, the run lock's
+refresh). The loop's hooks only set attributes (no I/O, no lock); ranks run the same hooks in order,
+so the rank with the fewest beats is the one the others wait for.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ CHECKPOINT = "checkpoint write"
 DATA = "waiting for data"  # from the end of a batch's hooks to the next batch's arrival
 TESTING = "testing"
 
-FIRST_ALLOWANCE = 3  # times hang_timeout for a first step or validation: compiling, cudnn benchmarks
-UPLOAD_BYTES_PER_S = 10 * 2**20  # an object-store upload's allowance grows with its size at this rate
+_FIRST_ALLOWANCE = 3  # times hang_timeout for a first step or validation: compiling, cudnn benchmarks
+_UPLOAD_BYTES_PER_S = 10 * 2**20  # an object-store upload's allowance grows with its size at this rate
 
 
 @dataclass(frozen=True)
@@ -56,26 +53,22 @@ class Heartbeat:
         self.state, self.at = State(), time.monotonic()
 
     def beat(self, phase: str, step: int, first: bool = False) -> None:
-        self.state = State(phase, step, self.state.beats + 1, first)
-        self.at = time.monotonic()
+        self.state, self.at = State(phase, step, self.state.beats + 1, first), time.monotonic()
 
     def wrote(self, nbytes: int) -> None:
         """Progress of a checkpoint write, in bytes: a large checkpoint is slow, not stuck."""
-        self.state, self.at = (
-            replace(self.state, bytes_written=self.state.bytes_written + nbytes),
-            time.monotonic(),
-        )
+        self.state = replace(self.state, bytes_written=self.state.bytes_written + nbytes)
+        self.at = time.monotonic()
 
     def uploading(self, nbytes: int) -> None:
         self.state, self.at = replace(self.state, upload_bytes=nbytes), time.monotonic()
 
     @contextlib.contextmanager
     def writing_checkpoint(self, step: int) -> Iterator[None]:
-        """The block writes the checkpoint of global step ``step``; afterwards the rank is where it was
-        before (not counted as a beat: only the ranks that write checkpoints get here)."""
+        """The block writes the checkpoint of ``step``; then the rank is back where it was (not a beat:
+        only the ranks that write checkpoints get here)."""
         before = self.state
-        self.state = State(CHECKPOINT, step, before.beats, before.first)
-        self.at = time.monotonic()
+        self.state, self.at = State(CHECKPOINT, step, before.beats, before.first), time.monotonic()
         try:
             yield
         finally:
@@ -103,18 +96,15 @@ def describe(state: State) -> str:
 
 
 def allowance(state: State, hang_timeout: float) -> float:
-    """Seconds without progress after which this rank counts as stalled: ``hang_timeout``, times
-    ``FIRST_ALLOWANCE`` for a first step or validation (and the start), plus the time an upload of
-    its size takes at ``UPLOAD_BYTES_PER_S``."""
-    factor = FIRST_ALLOWANCE if state.first or state.phase == STARTING else 1
-    return hang_timeout * factor + state.upload_bytes / UPLOAD_BYTES_PER_S
+    """Seconds without progress after which this rank counts as stalled."""
+    factor = _FIRST_ALLOWANCE if state.first or state.phase == STARTING else 1
+    return hang_timeout * factor + state.upload_bytes / _UPLOAD_BYTES_PER_S
 
 
 def order(state: State) -> tuple[int, int]:
     """Sort key of the ranks' states: the first is the rank the others wait for (fewest beats; at a
     tie, the one writing a checkpoint or waiting for data: the others wait at the next collective)."""
-    busy = state.phase in (CHECKPOINT, DATA)
-    return (state.beats, 0 if busy else 1)
+    return (state.beats, 0 if state.phase in (CHECKPOINT, DATA) else 1)
 
 
 class CountingWriter:
@@ -133,8 +123,8 @@ class CountingWriter:
 
 
 def alive(pid: int, started: float | None = None) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not), and, with ``started``
-    (its start time), is still that process and not a later one that reused the pid."""
+    """Whether process ``pid`` runs (a zombie does not) and, with ``started`` (its start time), is
+    still that process, not a later one that reused the pid."""
     try:
         process = psutil.Process(pid)
         same = started is None or abs(process.create_time() - started) < 1.0
@@ -144,15 +134,14 @@ def alive(pid: int, started: float | None = None) -> bool:
 
 
 def slurm_job_id() -> str | None:
-    """This process's Slurm job as squeue names it: ``<array job id>_<task id>`` for an array task,
-    else ``SLURM_JOB_ID`` (None outside Slurm)."""
+    """This process's Slurm job as squeue names it (``<array job>_<task>`` for an array task)."""
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     return f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
 
 
 def pid_namespace() -> int | None:
-    """This process's pid namespace (its inode; None off Linux): containers that share the host's
-    name (host networking) each number their processes, pid 1 included, on their own."""
+    """This process's pid namespace (None off Linux): containers that share a host name (host
+    networking) each number their processes on their own."""
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -161,15 +150,18 @@ def pid_namespace() -> int | None:
 
 def record(**more: Any) -> dict[str, Any]:
     """This rank's heartbeat record: who (host, pid, its start, Slurm job), where (``HEARTBEAT``'s
-    state, and in words) and when (``heartbeat``, POSIX time). The watchdog writes it into the run
-    folder (heartbeat-rank<N>.json) and the ranks' store, rank 0's run lock holds it too; the other
-    ranks, a second start and the pool read it there."""
+    state, also in words) and when (``heartbeat``, POSIX time): in heartbeat-rank<N>.json, the ranks'
+    store and the run lock."""
+    if not _this_process:  # read once per process (a forked child forgets its parent's)
+        _this_process.update(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            process_started=psutil.Process().create_time(),
+            pid_namespace=pid_namespace(),
+        )
     state = HEARTBEAT.state
     return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "process_started": psutil.Process().create_time(),
-        "pid_namespace": pid_namespace(),
+        **_this_process,
         "slurm_job": slurm_job_id(),
         **asdict(state),
         "where": describe(state),
@@ -178,6 +170,7 @@ def record(**more: Any) -> dict[str, Any]:
     }
 
 
+_this_process: dict[str, Any] = {}  # the facts of its record that never change
 _jobs: dict[str, tuple[float, Callable[[], None]]] = {}  # name -> (seconds between calls, job)
 _due: dict[str, float] = {}  # name -> when its job is called next
 _thread: threading.Thread | None = None
@@ -201,18 +194,18 @@ def unwatch(name: str, job: Callable[[], None] | None = None) -> None:
         _jobs.pop(name, None)
 
 
-def _forget_the_parents_watch() -> None:
-    """In a forked child (a ``strategy=ddp_notebook`` rank, a DataLoader worker): fork copies only the
-    forking thread, so the parent's watchdog thread is not here, and its jobs (the run lock's beat)
-    stay the parent's; a rank's watch starts its own. The event is new: the parent's thread may have
-    held its lock at the fork."""
+def _forget_the_parent() -> None:
+    """In a forked child (a ``ddp_notebook`` rank, a DataLoader worker): the parent's watchdog thread
+    is not here and its jobs stay the parent's; the event is new, as the parent's thread may have held
+    its lock at the fork."""
     global _thread, _wake
+    _this_process.clear()
     _jobs.clear()
     _due.clear()
     _thread, _wake = None, threading.Event()
 
 
-os.register_at_fork(after_in_child=_forget_the_parents_watch)
+os.register_at_fork(after_in_child=_forget_the_parent)
 
 
 def _run() -> None:

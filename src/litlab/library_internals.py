@@ -1,7 +1,9 @@
-"""Every use the engine makes of another library's private state, each with why no public API serves.
-
-tests/unit/test_library_internals.py checks each against the installed versions: an upgrade that
-changes one fails there, not silently in a run.
+"""Lightning's, torch's and Hydra's private state that the engine's code reads or writes, each with
+why no public API serves; tests/unit/test_library_internals.py checks each against the installed
+versions. Code that extends a library's class or drives its client keeps such uses beside it, where
+its own tests cover them: ``storage.checkpoints.EpochCheckpoint`` (ModelCheckpoint's triggers),
+``storage.gcs_bounded`` (gcsfs's retried requests), Optuna's study storage (``launch.search``,
+``callbacks.pruning``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
-# torch's multi-tensor ops (what its optimizers and clip_grad_norm_ use): one kernel launch for all
-# gradients, where the public per-tensor ops cost a Python call per parameter on every step. Bound
-# once here, so the per-step cost is the call alone.
+# torch's multi-tensor ops (what its optimizers use): one kernel launch for all gradients, where the
+# public per-tensor ops cost a Python call per parameter on every step.
 foreach_norm = torch._foreach_norm
 foreach_copy_ = torch._foreach_copy_
 
@@ -46,15 +47,11 @@ def process_group_timeout(strategy: Any) -> datetime.timedelta | None:
 
 
 def take_child_processes(launcher: Any) -> list[subprocess.Popen]:
-    """The rank processes Lightning's subprocess launcher started, out of its observer's sight.
-
-    Beside the ranks it spawns, the launcher starts an observer thread that, when a child fails,
-    SIGKILLs every rank and the launching process at its next poll, before anything can say which
-    rank failed and why; litlab's ``World`` reports it and ends the ranks instead. Lightning has no
-    switch for the observer, but the observer watches the launcher's own public ``procs`` list: the
-    launcher gets a copy (its ``kill``, on Ctrl+C, still reaches every child) and the list watched is
-    emptied, so the observer finds nothing failed and ends at its next poll. What this relies on (the
-    observer is handed that very list) is checked in tests/unit/test_library_internals.py."""
+    """The rank processes Lightning's subprocess launcher started, out of its observer's sight: when a
+    child fails, that thread SIGKILLs every rank before anything says which failed and why (``World``
+    does). Lightning has no switch for it, but it watches the very list ``launcher.procs`` was: the
+    launcher gets a copy (its ``kill``, on Ctrl+C, still reaches every child) and the watched list is
+    emptied, so the observer finds nothing failed and ends."""
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return []
     watched = launcher.procs
@@ -64,27 +61,22 @@ def take_child_processes(launcher: Any) -> list[subprocess.Popen]:
 
 
 def raise_sigterm_after_this_batch(trainer: L.Trainer) -> None:
-    """Makes Lightning stop as on SIGTERM: it raises ``SIGTERMException`` at the end of the batch in
-    progress (after its scheduler step, progress counters and logger saves), or at the epoch's end
-    (after the epoch-end checkpoints). Lightning does so only on its own flag
-    (``trainer.received_sigterm``, a read-only property); raising the exception from a hook would
-    skip that bookkeeping, and ``trainer.should_stop`` runs a validation and ends the fit as finished.
-    A write, kept here, because it cannot be done publicly."""
+    """Makes Lightning stop as on SIGTERM: ``SIGTERMException`` at the end of the batch in progress
+    (after its bookkeeping) or of the epoch (after its checkpoints). Lightning reads only its own flag
+    (``trainer.received_sigterm`` is read-only); raising from a hook would skip that bookkeeping, and
+    ``trainer.should_stop`` runs a validation and ends the fit as finished."""
     trainer._signal_connector.received_sigterm = True
 
 
 def accumulating(trainer: L.Trainer) -> bool:
-    """Whether the training batch in progress (or just ended) leaves its gradients accumulated for a
-    later optimizer step: a stop there would lose them (no checkpoint holds gradients). Lightning
-    decides it in its epoch loop, with its strategy's say on the epoch's last batch; no public API
-    tells a callback."""
+    """Whether the training batch in progress (or just ended) leaves its gradients for a later optimizer
+    step: Lightning's epoch loop decides it (with its strategy's say); no public API tells a callback."""
     return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def cluster_environment(trainer: L.Trainer) -> Any:
-    """The cluster environment the Trainer detected (SLURMEnvironment under Slurm, with its requeue
-    signal). A multi-device strategy has it as ``strategy.cluster_environment``; a single-device
-    strategy has none, and only the Trainer's accelerator connector keeps it."""
+    """The cluster environment the Trainer detected: a single-device strategy has none, and only the
+    Trainer's accelerator connector keeps it."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     return environment if environment is not None else trainer._accelerator_connector.cluster_environment
 
@@ -101,9 +93,8 @@ def wandb_run_started(logger: Any) -> bool:
 
 
 def hydra_job_callbacks(cfg: Any) -> Any:
-    """The ``hydra.callbacks`` of ``cfg`` as Hydra calls them around a job. ``litlab.train`` runs one
-    job of a config it composed with Hydra's public ``run_job``, whose context wants them; Hydra
-    exports no public constructor for them."""
+    """The ``hydra.callbacks`` of ``cfg`` as Hydra calls them around a job: Hydra's public ``run_job``
+    wants them, and Hydra exports no public constructor for them."""
     from hydra._internal.callbacks import Callbacks
 
     return Callbacks(cfg)

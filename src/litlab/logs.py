@@ -28,10 +28,9 @@ class RankFilter(logging.Filter):
 
 
 def route_lightning_logs_to_root() -> None:
-    """Send Lightning's log lines through the root logger's handlers (Hydra's console and train.log,
-    rank-prefixed). ``import lightning`` before logging is configured (the preflight imports it to
-    build the datamodule) gives its loggers a console handler of their own and stops them from
-    propagating: their lines would miss train.log. Called once Hydra has configured logging."""
+    """Send Lightning's log lines through the root logger's handlers (Hydra's console and train.log):
+    ``import lightning`` before Hydra configures logging gives its loggers a console handler of their
+    own and stops them from propagating, so their lines would miss train.log."""
     if not logging.getLogger().hasHandlers():
         return
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):

@@ -1,6 +1,4 @@
-"""A torchrun group restarted by ``--max-restarts`` joins its process group in store keys of its own
-(``join_restarted_torchrun_group``). torch is imported only when a store is used.
-"""
+"""A torchrun group restarted by ``--max-restarts`` joins its process group in store keys of its own."""
 
 from __future__ import annotations
 
@@ -12,14 +10,10 @@ log = logging.getLogger(__name__)
 
 
 def join_restarted_torchrun_group(trainer: Any) -> None:
-    """A torchrun group restarted by ``--max-restarts`` joins its process group in store keys of its
-    own, before Lightning would (Lightning then finds it joined).
-
-    torchrun's agent keeps its store across restarts, and the crashed group's gloo addresses stay in it
-    (the static and the c10d rendezvous alike): a restarted rank that looks before rank 0 has
-    re-registered connects to a dead address and the restart fails, "Gloo connectFullMesh failed ...
-    Connection refused" (torch 2.14; a 10-line torch script without litlab fails the same way).
-    """
+    """Join the process group of a restarted torchrun group in fresh store keys, before Lightning would.
+    torchrun's agent keeps its store, with the crashed group's gloo addresses, across restarts: a rank
+    that looks before rank 0 re-registered connects to a dead address ("Gloo connectFullMesh failed ...
+    Connection refused"; plain torch fails the same way)."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if restart == 0 or "TORCHELASTIC_RUN_ID" not in os.environ or trainer.world_size < 2:
         return
@@ -32,19 +26,14 @@ def join_restarted_torchrun_group(trainer: Any) -> None:
     if dist.is_initialized():
         return
     strategy = trainer.strategy
-    backend = getattr(strategy, "process_group_backend", None) or default_process_group_backend(
-        strategy.root_device
-    )
+    backend = getattr(strategy, "process_group_backend", None)
+    backend = backend or default_process_group_backend(strategy.root_device)
     timeout = process_group_timeout(strategy) or datetime.timedelta(minutes=30)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
-    log.info(
-        "torchrun restart %d: rank %d of %d joins the process group in fresh store keys",
-        restart,
-        trainer.global_rank,
-        trainer.world_size,
-    )
+    where = (restart, trainer.global_rank, trainer.world_size)
+    log.info("torchrun restart %d: rank %d of %d joins the process group in fresh store keys", *where)
     dist.init_process_group(
         backend,
         store=dist.PrefixStore(f"litlab/restart_{restart}", store),

@@ -23,7 +23,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from litlab.storage import lock
+from litlab.storage import lock, resume
 from litlab.storage.checkpoints import AtomicCheckpointIO
 from litlab.storage.roots import RunStorage, StorageError, check_storage, storage_options
 from tests.conftest import compose_train, litlab, run_dirs
@@ -147,7 +147,7 @@ def test_s3_endpoint_that_never_answers_fails_in_one_line_before_torch_loads(log
             f"storage.endpoint_url={endpoint}",
             env=s3_server.env(),
         )
-    fails_in_one_line(result, "s3://ckpts/litlab", endpoint, "unreachable")
+    fails_in_one_line(result, "s3://ckpts/litlab", endpoint, "did not answer")
     assert not run_dirs(log_dir)
 
 
@@ -179,9 +179,9 @@ def test_checkpoints_are_listed_newest_first_and_temporaries_removed(tmp_path):
         (folder / name).write_bytes(b"x")
         os.utime(folder / name, (1_000_000 - age, 1_000_000 - age))
     (folder / ".last.ckpt.abc123.tmp").write_bytes(b"half a checkpoint")
-    names = [Path(url).name for url, _ in storage.checkpoints()]
+    names = [Path(url).name for url in resume.checkpoints(storage)]
     assert names == ["last.ckpt", "epoch=001-step=000040.ckpt", "epoch=000-step=000020.ckpt"]
-    assert storage.remove_temporaries() == [str(folder / ".last.ckpt.abc123.tmp")]
+    assert resume.remove_temporaries(storage) == [str(folder / ".last.ckpt.abc123.tmp")]
     assert not (folder / ".last.ckpt.abc123.tmp").exists()
 
 
@@ -197,8 +197,6 @@ def test_object_store_the_folder_of_a_code_version_is_found_among_its_siblings(
 ):
     """litlab.storage.resume.find lists the identity's later versions in a bucket as on disk:
     after a code change, an unfinished later version is continued, else this code's own folder."""
-    from litlab.storage import resume
-
     for name, value in object_store.env().items():
         monkeypatch.setenv(name, value)
     config = storage_config(object_store, tmp_path, object_store.create_bucket("versions"), "runs")
@@ -244,7 +242,7 @@ def test_object_store_check_names_a_missing_bucket_an_endpoint_that_never_answer
             check_storage(
                 storage("ckpts", "litlab", f"storage.endpoint_url={endpoint}", "storage.check_timeout_s=0.5")
             )
-    assert f"endpoint {endpoint}" in str(unreachable.value) and "unreachable" in str(unreachable.value)
+    assert f"endpoint {endpoint} did not answer" in str(unreachable.value), unreachable.value
 
     # A lock held by a live process (the server's, on this host), as a run's start leaves it.
     config = storage(object_store.create_bucket("locked"), "runs")

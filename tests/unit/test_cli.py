@@ -1,9 +1,11 @@
 """The console scripts' ``--help`` (in-process: Hydra prints it and exits 0), the known noise they drop
-exactly, the one line for a pasted path that Hydra cannot read, and the model summary's FLOPs."""
+exactly, the one line for a pasted path that Hydra cannot read, the model summary's FLOPs, and what a
+start does once (its checks, settings, code version, storage check)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 import warnings
@@ -192,3 +194,47 @@ def test_a_sweep_whose_key_or_value_does_not_compose_ends_in_the_single_runs_one
     single = refused(["seed=1", typo])
     assert single.startswith("litlab: error: ") and f"'{typo.split('=')[0]}'" in single
     assert refused(["-m", "seed=1,2", typo]) == single
+
+
+def test_a_rank_lightning_started_from_a_checked_run_composes_without_checking_again(monkeypatch, capsys):
+    """Lightning's launcher re-runs the command for each other rank (LOCAL_RANK set): the first process
+    marks them before they start, and they skip its checks; a torchrun rank (no mark) checks alone."""
+    from litlab.cli import api
+
+    monkeypatch.delenv(api._CHECKED_ENV, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    args = ["trainer.max_epoch=3"]  # composes; its check refuses it
+    with pytest.raises(SystemExit) as exited:
+        api._config_to_run("train", args)
+    assert exited.value.code == 2 and "'trainer.max_epoch'" in capsys.readouterr().err
+    monkeypatch.setenv(api._CHECKED_ENV, str(os.getppid()))  # this process's parent marked it
+    assert api._config_to_run("train", args).trainer.max_epoch == 3
+    assert api._CHECKED_ENV not in os.environ  # what this rank starts checks again
+
+    # A command that rank 0 (LOCAL_RANK=0) or a rank starts, or another process's mark: checked.
+    for local_rank, marked_by in (("0", os.getppid()), ("1", os.getpid()), ("1", 1)):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        monkeypatch.setenv(api._CHECKED_ENV, str(marked_by))
+        with pytest.raises(SystemExit) as exited:
+            api._config_to_run("train", args)
+        assert exited.value.code == 2, (local_rank, marked_by)
+
+
+def test_a_start_computes_its_settings_code_version_and_storage_check_once(tmp_path, monkeypatch):
+    from litlab.cli import preflight
+    from litlab.config import identity
+    from litlab.storage import roots
+
+    calls: list[str] = []
+    for module, name in ((identity, "_settings"), (identity, "_code_files"), (roots, "check_storage")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    args = ["model=mlp", f"paths.log_dir={tmp_path}"]
+    with identity.one_start():
+        cfg = preflight.checked_config("train", args)
+        for _ in range(2):  # Hydra naming the run folder, then Lightning asking for it again
+            identity.run_folder(cfg)
+        identity.start_record(cfg, cfg.hydra, identity.run_settings(cfg))  # prepare_run
+    assert sorted(calls) == ["_code_files", "_settings", "check_storage"]
+    identity.run_settings(cfg)  # outside a start: the user's files may have changed
+    assert calls.count("_settings") == 2

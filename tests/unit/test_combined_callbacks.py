@@ -10,8 +10,8 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from lightning.pytorch.callbacks.progress import TQDMProgressBar
 
 from litlab.callbacks.combined import HOOKS, CombinedCallbacks, combinable, combine, parts_of
-from litlab.callbacks.history import TrainingHistory
 from litlab.callbacks.progress import PlainProgress
+from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.run.build import NoProfiler
 from litlab.run.hangs import HeartbeatAfterYourCallbacks
@@ -110,22 +110,22 @@ def test_litlab_and_lightning_callbacks_are_combined_but_those_lightning_looks_f
     class Yours(Callback):
         pass
 
-    stats, history, monitor, plain = (
+    stats, reseed, monitor, plain = (
         RunStats(),
-        TrainingHistory("val/loss"),
+        ReseedEveryStep(0),
         LearningRateMonitor(),
         PlainProgress(),
     )
     checkpoint, bar, yours = ModelCheckpoint(), TQDMProgressBar(), Yours()
-    made = combine([stats, checkpoint, history, yours, monitor, bar, plain])
+    made = combine([stats, checkpoint, reseed, yours, monitor, bar, plain])
     assert [type(c).__name__ for c in made] == [
         "CombinedCallbacks",
         "ModelCheckpoint",
         "Yours",
         "TQDMProgressBar",
     ]
-    assert made[0].parts == [stats, history, monitor, plain]
-    assert parts_of(made) == [stats, history, monitor, plain, checkpoint, yours, bar]
+    assert made[0].parts == [stats, reseed, monitor, plain]
+    assert parts_of(made) == [stats, reseed, monitor, plain, checkpoint, yours, bar]
     assert not combinable(yours) and not combinable(checkpoint) and not combinable(bar)
     assert combine([stats, yours]) == [stats, yours]  # nothing to gain from one part
 
@@ -134,13 +134,13 @@ def test_the_heartbeat_that_follows_your_callbacks_runs_combined_and_last_when_y
     class Yours(Callback):
         pass
 
-    stats, history, checkpoint, yours = RunStats(), TrainingHistory("val/loss"), ModelCheckpoint(), Yours()
+    stats, reseed, checkpoint, yours = RunStats(), ReseedEveryStep(0), ModelCheckpoint(), Yours()
     beat = HeartbeatAfterYourCallbacks(watch=None)
-    made = combine([stats, checkpoint, history, beat])
+    made = combine([stats, checkpoint, reseed, beat])
     assert [type(c).__name__ for c in made] == ["CombinedCallbacks", "ModelCheckpoint"]
-    assert made[0].parts == [stats, history, beat]  # Lightning runs the checkpoint after all three
-    made = combine([stats, history, yours, beat, checkpoint])
-    assert made[1:] == [yours, beat, checkpoint] and made[0].parts == [stats, history]
+    assert made[0].parts == [stats, reseed, beat]  # Lightning runs the checkpoint after all three
+    made = combine([stats, reseed, yours, beat, checkpoint])
+    assert made[1:] == [yours, beat, checkpoint] and made[0].parts == [stats, reseed]
 
 
 def test_no_profiler_profiles_nothing():

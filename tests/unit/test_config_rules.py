@@ -244,7 +244,7 @@ def test_a_missing_value_in_a_list_is_named_by_its_index(cfg):
         ("auto", None),
         ([0, 1, 2], 3),
         (True, None),
-        (None, None),  # a config without trainer.devices (Summary.failed reads what is there)
+        (None, None),  # a config without trainer.devices (Summary.of reads what is there)
     ],
 )
 def test_device_count_reads_every_form_of_trainer_devices(devices, count):
@@ -375,14 +375,14 @@ def test_an_accumulation_typed_as_text_is_refused_never_multiplied(cfg):
     cfg.trainer.accumulate_grad_batches = "02"
     with pytest.raises(ConfigError, match=r"^trainer.accumulate_grad_batches=02 is not allowed"):
         rules.batch_sizes(cfg.data, cfg.trainer)
-    summary = Summary.failed(cfg, "refused", run_dir=None, hydra=None)
+    summary = Summary.of(cfg, "refused", run_dir=None, hydra=None)
     assert summary.effective_batch_size is None and summary.accumulate_grad_batches == "02"
 
 
 def test_a_failed_summary_of_a_config_without_a_trainer_says_what_is_there():
-    """Summary.failed describes whatever config it is given; one without ``trainer.devices`` gave
+    """Summary.of describes whatever config it is given; one without ``trainer.devices`` gave
     ``TypeError: object of type 'NoneType' has no len()`` instead of a summary."""
     from litlab.run.summary import Summary
 
-    summary = Summary.failed(OmegaConf.create({"seed": 3}), "refused", run_dir=None, hydra=None)
+    summary = Summary.of(OmegaConf.create({"seed": 3}), "refused", run_dir=None, hydra=None)
     assert summary.devices is None and summary.world_size is None and summary.error == "refused"

@@ -135,7 +135,7 @@ CALLBACKS = {
 # Every run has these, whatever its callbacks group: they make the engine's guarantees hold.
 ENGINE_CALLBACKS = {
     "RunStats", "NonFiniteLossGuard", "WorldCheck", "ReseedEveryStep", "WholeGlobalBatches",
-    "ResumableLoaderCheck", "RunConfigInCheckpoint", "TrainingHistory", "InputWait", "LoggerRuns",
+    "ResumableLoaderCheck", "RunConfigInCheckpoint", "LoggerRuns",
     "RankWatch", "HeartbeatAfterYourCallbacks",
 }  # fmt: skip
 

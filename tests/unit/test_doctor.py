@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from litlab.callbacks.history import count_spikes
+from litlab.callbacks.run_stats import count_spikes
 from litlab.run import doctor
 from litlab.run.summary import Summary
 from tests.conftest import logged, train_in_process

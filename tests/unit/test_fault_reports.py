@@ -13,12 +13,11 @@ import fsspec
 import pytest
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-from litlab.errors import forked_rank_failure
-from litlab.run.failures import _how_it_ended, lost_a_peer
+from litlab.errors import describe_exit, forked_rank_failure
+from litlab.run.failures import lost_a_peer
 from litlab.storage.roots import (
     StorageFailed,
     failed_storage,
-    retry_bound_s,
     s3_client_config,
     storage_cause,
     storage_options,
@@ -56,6 +55,12 @@ def test_a_failed_write_names_the_storage_and_later_writes_to_it_are_skipped(tmp
     )
     assert failed_storage(f"{root}/checkpoints/last.ckpt") is failed.value
     assert failed_storage(f"{root}-other") is None
+
+
+def retry_bound_s(timeout: float, attempts: int) -> float:
+    """The longest an S3 request can take: every attempt times out, plus botocore's standard mode's
+    backoffs (a random wait below min(2 ** (attempt - 1), 20) s)."""
+    return attempts * timeout + sum(min(2**attempt, 20) for attempt in range(attempts - 1))
 
 
 def test_s3_requests_are_bounded_as_the_docs_say():
@@ -112,5 +117,6 @@ def test_a_lost_peer_is_told_from_a_rank_s_own_error():
     assert not lost_a_peer(RuntimeError("injected failure on rank 1"))
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     killed.send_signal(signal.SIGKILL)
-    assert _how_it_ended(killed.wait()) == "was killed by SIGKILL"
-    assert _how_it_ended(3) == "exited with status 3"
+    assert describe_exit(killed.wait(), guess=False) == "was killed by SIGKILL"
+    assert describe_exit(3, guess=False) == "exited with status 3"
+    assert describe_exit(-9) == "was killed by SIGKILL (out of memory?)"  # a sweep job's process

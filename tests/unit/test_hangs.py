@@ -4,6 +4,7 @@ byte counting of checkpoint writes; ``-m`` anywhere; a part that refuses to buil
 from __future__ import annotations
 
 import io
+import os
 import time
 
 import pytest
@@ -142,3 +143,13 @@ def test_a_run_beats_through_its_phases_and_only_the_first_step_and_validations_
     sanity, first, second = validations[0], validations[1], validations[-1]
     assert sanity == ("validation at global step 0", True) and first == ("validation at global step 2", True)
     assert second == ("validation at global step 4", False)
+
+
+def test_a_heartbeat_record_reads_the_facts_of_its_process_once(monkeypatch):
+    from litlab import heartbeat
+
+    first = heartbeat.record()
+    monkeypatch.setattr(heartbeat.psutil, "Process", lambda *args: pytest.fail("read again at a beat"))
+    again = heartbeat.record(stalled=False)
+    assert again["pid"] == first["pid"] == os.getpid() and again["stalled"] is False
+    assert again["process_started"] == first["process_started"] and again["host"] == first["host"]

@@ -72,6 +72,23 @@ def test_a_checkpoint_without_an_epoch_resumes_at_epoch_zero(storage):
     assert resume.load_point(str(path)) == ResumePoint(url=str(path), epoch=0, global_step=3)
 
 
+def test_a_damaged_tensor_record_is_named_in_one_line_when_lightning_reads_it(storage):
+    """The decision reads a checkpoint's directory and pickle only (Lightning reads the tensors once):
+    a damaged tensor record passes it, and stops the run in one line naming the file when read."""
+    import zipfile
+
+    from litlab.storage.checkpoints import AtomicCheckpointIO, DamagedCheckpoint
+
+    url = save_checkpoint(storage, "last.ckpt", step=4)
+    (record,) = [r for r in zipfile.ZipFile(url).infolist() if r.filename.endswith("data/0")]
+    damaged = bytearray(Path(url).read_bytes())
+    damaged[record.header_offset : record.header_offset + 30] = bytes(30)
+    Path(url).write_bytes(damaged)
+    assert resume.decide("auto", storage, is_global_zero=True).point.url == url
+    with pytest.raises(DamagedCheckpoint, match=f"checkpoint {url} is damaged .*: move it aside"):
+        AtomicCheckpointIO().load_checkpoint(url, weights_only=True)
+
+
 def test_a_preemption_checkpoint_wins_a_tie_with_last(storage):
     save_checkpoint(storage, "last.ckpt", step=6)
     preempted = save_checkpoint(storage, "preempted.ckpt", step=7)
@@ -83,7 +100,7 @@ def test_when_no_checkpoint_loads_the_run_starts_fresh_and_the_files_are_moved_a
     with caplog.at_level(logging.WARNING, logger="litlab"):
         decision = resume.decide("auto", storage, is_global_zero=True)
     assert decision == Decision()
-    assert not storage.has_files() and not (Path(storage.path) / "checkpoints").exists()
+    assert not resume.has_files(storage) and not (Path(storage.path) / "checkpoints").exists()
     (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
     assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"not a zip"
     assert "starting fresh" in caplog.text
@@ -135,7 +152,7 @@ def test_resume_never_starts_fresh_and_moves_the_earlier_files_aside(storage):
     (folder / "train.log").write_text("the first start\nthis start\n")
     assert resume.decide("never", storage, is_global_zero=True) == Decision()
     assert sorted(p.name for p in folder.iterdir()) == [".hydra", "train.log"]
-    assert not storage.has_files()  # what is left is not the run's
+    assert not resume.has_files(storage)  # what is left is not the run's
     (aside,) = Path(storage.root).glob("default-0123456789.replaced-*")
     assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "summary.json", "train.log"]
     assert (aside / "checkpoints" / "last.ckpt").is_file()
@@ -154,7 +171,7 @@ def test_resume_never_in_a_sweep_job_keeps_the_jobs_own_command_and_output(stora
     (folder / "command.sh").write_text("#!/bin/sh\nlitlab-train resume=never\n")
     (folder / "output.log").write_text("this start\n")
     (folder / ".hydra").mkdir()
-    assert not storage.has_files()
+    assert not resume.has_files(storage)
     assert resume.decide("never", storage, is_global_zero=True) == Decision()
     assert not list(Path(storage.root).glob("*.replaced-*"))  # nothing of a run was here
     # A later start with resume=never: the earlier run goes aside with a copy of the output so far.

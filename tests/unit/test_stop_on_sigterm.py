@@ -1,11 +1,15 @@
-"""RankWatch's stop for a SIGTERM in one process: a SIGTERM stops the fit after the batch in progress,
-and the same signal again, while the run records its outcome, does not end it (Lightning's teardown
-puts back the handler it found when the fit began, which is litlab's)."""
+"""RankWatch's stop for a SIGTERM: in one process it stops the fit after the batch in progress, and
+the same signal again, while the run records its outcome, does not end it (Lightning's teardown puts
+back the handler it found when the fit began, which is litlab's); under DDP a SIGTERM to any one rank
+stops every rank after the same batch."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import signal
+import socket
 from types import SimpleNamespace
 
 import lightning as L
@@ -20,11 +24,11 @@ _NO_LIMITS = SimpleNamespace(hang_timeout=0, preempt_grace=0)  # no watchdog: th
 
 
 class _SigtermAt(Callback):
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
+    def __init__(self, batch: int, rank: int = 0) -> None:
+        self.batch, self.rank = batch, rank
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if batch_idx == self.batch:
+        if batch_idx == self.batch and trainer.global_rank == self.rank:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -38,10 +42,10 @@ def received():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int = 1) -> L.Trainer:
+def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int = 1, **more) -> L.Trainer:
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=1,
+        devices=more.pop("devices", 1),
         max_steps=max_steps,
         accumulate_grad_batches=accumulation,
         logger=False,
@@ -50,6 +54,7 @@ def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int 
         enable_model_summary=False,
         default_root_dir=tmp_path,
         callbacks=[RankWatch(_NO_LIMITS, SimpleNamespace(dir=tmp_path), lambda *a, **k: None), *callbacks],
+        **more,
     )
     trainer.fit(BoringModel())
     return trainer
@@ -89,3 +94,41 @@ def test_a_sigterm_within_an_accumulation_window_stops_at_the_windows_optimizer_
     with pytest.raises(SIGTERMException):
         _fit(tmp_path, _SigtermAt(5), batches, accumulation=4)  # batch 5: the second window's second
     assert batches.ended == list(range(8))  # the second window ended, and with it the second step
+
+
+class _BatchesOnFile(Callback):
+    """Each rank's ended batches, in a file: the ranks are processes of their own."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        with open(self.folder / f"rank{trainer.global_rank}.txt", "a") as ended:
+            ended.write(f"{batch_idx}\n")
+
+
+def _rank(rank: int, folder, port: int, signalled: int) -> None:
+    """One rank of a 2-rank DDP fit, started as torchrun would (Lightning launches none)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank))
+    with contextlib.suppress(SIGTERMException):
+        _fit(folder, _SigtermAt(3, signalled), _BatchesOnFile(folder), devices=2, strategy="ddp")
+
+
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_batch(tmp_path, signalled):
+    """The ranks agree at a batch's end on the flags sent at the previous one's (no host sync on a
+    batch's path): noted in batch 3, the stop comes after batch 4 on both ranks."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    fork = multiprocessing.get_context("fork")
+    ranks = [fork.Process(target=_rank, args=(rank, tmp_path, port, signalled)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+        process.kill()
+    assert [process.exitcode for process in ranks] == [0, 0]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text().split() == ["0", "1", "2", "3", "4"], rank

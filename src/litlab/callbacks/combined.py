@@ -1,10 +1,8 @@
 """The callbacks litlab builds, run by Lightning as one: its per-hook hand-over paid once.
 
 Lightning hands every hook to every callback; ``CombinedCallbacks`` hands each hook only to the parts
-that define it, in their order (the cost it saves: docs/performance.md). ``combinable`` says which are
-combined: litlab's and Lightning's own callbacks, except the kinds Lightning looks for by type
-(``LOOKED_FOR_BY_TYPE``), and those that must run after yours where you have any. Your own
-callbacks stay separate.
+that define it, in their order (what it saves: docs/performance.md). Your own callbacks, the kinds
+Lightning looks for by type, and those that must run after yours where you have any, stay separate.
 """
 
 from __future__ import annotations
@@ -26,25 +24,18 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from litlab.callbacks.progress import PlainProgress
 
 # Every hook Lightning hands to callbacks (state_dict and load_state_dict are CombinedCallbacks' own).
-HOOKS = tuple(
-    sorted(
-        name
-        for name, value in vars(Callback).items()
-        if callable(value) and (name.startswith("on_") or name in ("setup", "teardown"))
-    )
-)
+HOOKS = [name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")]
 # Kinds Lightning finds in trainer.callbacks by type, or runs after the others: kept separate.
-LOOKED_FOR_BY_TYPE = (Checkpoint, ProgressBar, EarlyStopping, BatchSizeFinder, LearningRateFinder)
+_LOOKED_FOR_BY_TYPE = (Checkpoint, ProgressBar, EarlyStopping, BatchSizeFinder, LearningRateFinder)
 
 
 def combinable(callback: Callback) -> bool:
-    """Whether ``callback`` is one of litlab's or Lightning's that can run inside CombinedCallbacks.
-    litlab's PlainProgress (log lines, not a bar) is a ProgressBar only so that Lightning's tuners
-    silence it; litlab's batch-size finder does that itself (``run.oom.tune_batch_size``)."""
+    """Whether ``callback`` is litlab's or Lightning's and can run inside CombinedCallbacks. PlainProgress
+    is a ProgressBar only so that Lightning's tuners silence it; litlab's batch-size finder does that."""
     package = type(callback).__module__.split(".")[0]
     if package not in ("litlab", "lightning") or getattr(callback, "after_your_callbacks", False):
         return False
-    return isinstance(callback, PlainProgress) or not isinstance(callback, LOOKED_FOR_BY_TYPE)
+    return isinstance(callback, PlainProgress) or not isinstance(callback, _LOOKED_FOR_BY_TYPE)
 
 
 def combine(callbacks: Sequence[Callback]) -> list[Callback]:
@@ -73,8 +64,8 @@ def parts_of(callbacks: Sequence[Callback]) -> list[Callback]:
 
 
 class CombinedCallbacks(Callback):
-    """Callbacks as one: each hook reaches the parts that define it, in their order. The parts'
-    states are kept under their own state keys, inside this callback's."""
+    """Callbacks as one: each hook reaches the parts that define it, in their order; the parts' states
+    are kept under their own state keys, inside this callback's."""
 
     def __init__(self, parts: Sequence[Callback]) -> None:
         self.parts = list(parts)

@@ -1,16 +1,14 @@
 """Exact resume needs a train loader that restores its position: ``ResumableLoaderCheck`` says if it does.
 
 A loader without ``state_dict``/``load_state_dict`` restarts its epoch on resume: the run warns once
-and summary.json says ``resume_exact: false``. On resume the check also gives the train loaders their
-saved positions, which Lightning skips when ``trainer.estimated_stepping_batches`` built them before
-the checkpoint was restored.
+and summary.json says ``resume_exact: false``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -21,18 +19,16 @@ from litlab.errors import LitlabError
 log = logging.getLogger("litlab")
 
 
-def restores_position(loader: Any) -> bool:
+def _restores_position(loader: Any) -> bool:
     """Whether Lightning can save and restore this loader's position (its ``_Stateful`` check)."""
     return callable(getattr(loader, "state_dict", None)) and callable(
         getattr(loader, "load_state_dict", None)
     )
 
 
-def takes_position_at_first_batch(loader: Any) -> bool:
-    """Whether a position loaded after ``iter(loader)`` still counts: its ``__iter__`` is a generator
-    function (nothing of it runs until the first batch is drawn), and it has a length (Lightning
-    draws a batch ahead, at ``iter()``, from a loader without one). litlab's ``TensorBatches`` and
-    ``ResumableDataLoader`` are both."""
+def _takes_position_at_first_batch(loader: Any) -> bool:
+    """Whether a position loaded after ``iter(loader)`` still counts: ``__iter__`` is a generator function,
+    and it has a length (Lightning draws a batch ahead, at ``iter()``, from a loader without one)."""
     try:
         len(loader)
     except (TypeError, NotImplementedError):
@@ -40,28 +36,13 @@ def takes_position_at_first_batch(loader: Any) -> bool:
     return inspect.isgeneratorfunction(type(loader).__iter__)
 
 
-def saved_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """The train loaders' positions in a checkpoint, one per loader that restores one, in the order of
-    the loaders: what Lightning's fit loop saves (``FitLoop.on_save_checkpoint``, ``combined_loader``)."""
-    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
-    return list(fit_loop.get("state_dict", {}).get("combined_loader", []))
-
-
-class RunRecord(Protocol):
-    """Where the check records whether resume is exact (``litlab.run.lifecycle.Run``)."""
-
-    resume_exact: bool | None
-
-
 class ResumableLoaderCheck(Callback):
-    """Lightning loads the saved positions into the train loaders when it builds them after the
-    checkpoint is restored. ``configure_optimizers`` reading ``trainer.estimated_stepping_batches``
-    builds them before, and then they never get them: so, at train start, this gives every loader
-    that takes its position at its first batch its saved one (again, where Lightning already did:
-    loading a position is idempotent). A loader built before the restore that took its position when
-    it was built cannot get it: that resume is reported as not exact."""
+    """Records in ``run.resume_exact`` whether resume is exact. Lightning skips giving the train loaders
+    their saved positions when ``trainer.estimated_stepping_batches`` built them before the checkpoint
+    was restored: at train start this gives every loader that takes its position at its first batch its
+    saved one (idempotent where Lightning already did); one that took it when built cannot get it."""
 
-    def __init__(self, run: RunRecord | None = None) -> None:
+    def __init__(self, run: Any = None) -> None:  # litlab.run.lifecycle.Run
         self.run = run
         self.positions: list[dict[str, Any]] = []
         self.built_before_restore = False
@@ -72,7 +53,9 @@ class ResumableLoaderCheck(Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        self.positions = saved_positions(checkpoint)
+        # One per loader that restores a position, as Lightning's fit loop saves them.
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self.positions = list(fit_loop.get("state_dict", {}).get("combined_loader", []))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After configure_optimizers, before Lightning restores the loops' state from the checkpoint.
@@ -83,41 +66,37 @@ class ResumableLoaderCheck(Callback):
         if iterables is None:
             return
         loaders = CombinedLoader(iterables).flattened
-        exact = all(restores_position(loader) for loader in loaders)
+        exact = all(_restores_position(loader) for loader in loaders)
         kinds = ", ".join(sorted({type(loader).__name__ for loader in loaders}))
         # Lightning loads the positions only into a fit that restarts (not one resumed after an epoch
         # that had finished): the same condition.
+        why = "cannot restore its position, so a resumed run restarts its epoch from a new shuffle"
         if exact and self.positions and trainer.fit_loop.restarting:
-            took = self._give_saved_positions([loader for loader in loaders if restores_position(loader)])
-            if not took and trainer.is_global_zero:
-                log.warning(
-                    "resume is not exact: the train loader (%s) was built before the checkpoint was "
-                    "restored (trainer.estimated_stepping_batches in configure_optimizers) and took its "
-                    "position then, so this epoch restarts; return a litlab.data.ResumableDataLoader or "
-                    "TensorBatches from train_dataloader() (summary.json: resume_exact false)",
-                    kinds,
-                )
-            exact = took
-        elif not exact and trainer.is_global_zero:
+            exact = self._give_saved_positions([loader for loader in loaders if _restores_position(loader)])
+            why = (
+                "was built before the checkpoint was restored (trainer.estimated_stepping_batches in "
+                "configure_optimizers) and took its position then, so this epoch restarts"
+            )
+        if not exact and trainer.is_global_zero:
             log.warning(
-                "resume is not exact: the train loader (%s) cannot restore its position, so a resumed run "
-                "restarts its epoch from a new shuffle; return a litlab.data.ResumableDataLoader or "
+                "resume is not exact: the train loader (%s) %s; return a litlab.data.ResumableDataLoader or "
                 "TensorBatches from train_dataloader() (summary.json: resume_exact false)",
                 kinds,
+                why,
             )
         self.positions = []  # released: a checkpoint's positions can be large (workers' states)
         if self.run is not None:
             self.run.resume_exact = exact
 
     def _give_saved_positions(self, loaders: list[Any]) -> bool:
-        """Loads the saved positions; False where a loader built before the restore cannot take its."""
+        """False where a loader built before the restore cannot take its position."""
         if len(loaders) != len(self.positions):
             raise LitlabError(
                 f"the checkpoint holds the positions of {len(self.positions)} train loader(s) and "
                 f"train_dataloader() returned {len(loaders)} that restore one: resume with the train "
                 "loaders the checkpoint was written with"
             )
-        late = [takes_position_at_first_batch(loader) for loader in loaders]
+        late = [_takes_position_at_first_batch(loader) for loader in loaders]
         for loader, position, takes_it in zip(loaders, self.positions, late, strict=True):
             if takes_it:
                 loader.load_state_dict(position)

@@ -25,24 +25,12 @@ class ModelSummaryWithMeasuredFlops(ModelSummary):
 
     @staticmethod
     def summarize(
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
+        summary_data: list[tuple[str, list[str]]], *totals: Any, total_flops: int, **kwargs: Any
     ) -> None:
+        # totals: parameters, trainable parameters, model size and training modes, as Lightning passes them
         if not total_flops:
             summary_data = [column for column in summary_data if column[0] != _FLOPS_COLUMN]
-        table = format_summary_table(
-            total_parameters,
-            trainable_parameters,
-            model_size,
-            total_training_modes,
-            total_flops,
-            *summary_data,
-        )
+        table = format_summary_table(*totals, total_flops, *summary_data)
         if not total_flops:
             table = "\n".join(line for line in table.splitlines() if not line.endswith(_FLOPS_TOTAL_LINE))
         log.info("model summary:\n%s", table)

@@ -70,16 +70,11 @@ class NonFiniteLossGuard(Callback):
         where = f"global step {step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if self.action == "skip":
             optimizer.zero_grad(set_to_none=True)
-            self.report["skipped_steps"] += 1
+            self.report["skipped_steps"] = skipped = self.report["skipped_steps"] + 1
             if len(self.report["skipped_at_steps"]) < 100:
                 self.report["skipped_at_steps"].append(step)
             if trainer.is_global_zero:
-                log.warning(
-                    "at %s the %s: optimizer step skipped (%d so far)",
-                    where,
-                    problem,
-                    self.report["skipped_steps"],
-                )
+                log.warning("at %s the %s: optimizer step skipped (%d so far)", where, problem, skipped)
             return
         self.report["failed_at_step"] = step
         newest = newest_checkpoint(trainer)
@@ -98,9 +93,7 @@ class NonFiniteLossGuard(Callback):
                 p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
             ]
             if grads:
-                # One fused kernel for all gradients (what torch.nn.utils.clip_grad_norm_ uses inside):
-                # half the cost of a norm per tensor, and cheaper than torch.nn.utils.get_total_norm
-                # (docs/performance.md, "Why the engine does it this way").
+                # One fused kernel for all gradients, as clip_grad_norm_ uses inside (docs/performance.md).
                 norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32))
                 checked.append(norms)
         if not checked or bool(torch.cat(checked).isfinite().all()):  # the one host-device sync

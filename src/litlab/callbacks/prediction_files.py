@@ -1,11 +1,6 @@
 """``PredictionFiles``: litlab-predict's ``BasePredictionWriter``. Every rank keeps its batches'
-predictions with the indices of their samples; when prediction ends, rank 0 gathers them through the
-process group and writes them in sample order, in formats read without litlab (docs/contract.md):
-
-- ``predictions.csv``: a row per sample, ``index`` (the sample's index in the predicted split), then
-  a column per value: a list or a tensor (N,) one column, a tensor (N, K) K columns ``name_0..``;
-- ``predictions.pt``: ``torch.save`` of a dict of tensors, ``index`` and every tensor value whole
-  (``torch.load(path)``), where predict_step returned tensors.
+predictions with their samples' indices; rank 0 gathers them and writes them in sample order to
+``predictions.csv`` (a row per sample) and ``predictions.pt`` (its tensors whole): docs/contract.md.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from litlab.errors import LitlabError, first_line
 
 log = logging.getLogger("litlab")
-ALLOWED = "return a tensor, or a dict of tensors and lists with one entry per sample (docs/contract.md)"
+_ALLOWED = "return a tensor, or a dict of tensors and lists with one entry per sample (docs/contract.md)"
 
 
 class PredictionFiles(BasePredictionWriter):
@@ -56,14 +51,18 @@ class PredictionFiles(BasePredictionWriter):
         if len(indices) != size:
             raise LitlabError(
                 f"{owner}.predict_step returned {size} predictions for a batch of {len(indices)} samples: "
-                f"{ALLOWED}"
+                f"{_ALLOWED}"
             )
         self.seen[dataloader_idx] = seen + size
         self.index.extend(indices)
         self.loader.extend([dataloader_idx] * size)
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        parts = _gathered((self.index, self.loader, self.values), trainer)
+        part = (self.index, self.loader, self.values)
+        if trainer.world_size == 1:
+            return self.write([part])
+        parts = [None] * trainer.world_size if trainer.is_global_zero else None
+        torch.distributed.gather_object(part, parts, dst=0)  # every rank's part, on rank 0
         if parts is not None:
             self.write(parts)
 
@@ -80,7 +79,7 @@ class PredictionFiles(BasePredictionWriter):
         if repeated:  # e.g. a DistributedSampler of your own, which pads every rank's share
             log.warning("%d samples were predicted more than once: each has a row per prediction", repeated)
         if len({frozenset(part[2]) for part in parts if part[2]}) > 1:  # a rank may have had no batch
-            raise LitlabError(f"the ranks' predict_step returned different names: {ALLOWED}")
+            raise LitlabError(f"the ranks' predict_step returned different names: {_ALLOWED}")
         names = next((part[2] for part in parts if part[2]), {})
         for name in names:
             pieces = [piece for part in parts for piece in part[2][name]]
@@ -93,7 +92,7 @@ class PredictionFiles(BasePredictionWriter):
             except (RuntimeError, TypeError) as error:  # e.g. generated sequences of different lengths
                 raise LitlabError(
                     f"predict_step returned {name} of different shapes or types across batches "
-                    f"({type(error).__name__}: {first_line(error)}): {ALLOWED}"
+                    f"({type(error).__name__}: {first_line(error)}): {_ALLOWED}"
                 ) from error
         written = [_write_csv(self.folder / "predictions.csv", columns)]
         tensors = {name: value for name, value in columns.items() if isinstance(value, torch.Tensor)}
@@ -109,7 +108,7 @@ def _columns(prediction: Any, owner: str) -> dict[str, Any]:
     if isinstance(prediction, torch.Tensor):
         prediction = {"prediction": prediction}
     if not isinstance(prediction, Mapping) or not prediction:
-        raise LitlabError(f"{owner}.predict_step returned {type(prediction).__name__}: {ALLOWED}")
+        raise LitlabError(f"{owner}.predict_step returned {type(prediction).__name__}: {_ALLOWED}")
     columns: dict[str, Any] = {}
     for name, value in prediction.items():
         if isinstance(value, torch.Tensor) and value.dim() > 0:
@@ -117,10 +116,10 @@ def _columns(prediction: Any, owner: str) -> dict[str, Any]:
         elif isinstance(value, (list, tuple)):
             columns[str(name)] = list(value)
         else:
-            raise LitlabError(f"{owner}.predict_step returned {name}={type(value).__name__}: {ALLOWED}")
+            raise LitlabError(f"{owner}.predict_step returned {name}={type(value).__name__}: {_ALLOWED}")
     sizes = {name: len(value) for name, value in columns.items()}
     if len(set(sizes.values())) != 1:
-        raise LitlabError(f"{owner}.predict_step returned values of different lengths {sizes}: {ALLOWED}")
+        raise LitlabError(f"{owner}.predict_step returned values of different lengths {sizes}: {_ALLOWED}")
     return columns
 
 
@@ -140,15 +139,6 @@ def _loader_indices(trainer: Any, batch_idx: int, dataloader_idx: int) -> list[i
             "DataLoader or litlab.data.TensorBatches from predict_dataloader, or predict with devices=1"
         )
     return None
-
-
-def _gathered(part: Any, trainer: Any) -> list | None:
-    """Every rank's ``part`` on rank 0 (None on the others), through the process group."""
-    if trainer.world_size == 1:
-        return [part]
-    parts = [None] * trainer.world_size if trainer.is_global_zero else None
-    torch.distributed.gather_object(part, parts, dst=0)
-    return parts
 
 
 def _write_csv(path: Path, columns: dict[str, Any]) -> Path:

@@ -9,7 +9,7 @@ restart, an outage) warns once; the run trains on and reports again at its next 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -19,17 +19,11 @@ from litlab.config.pruners import database_error, engine_kwargs, make_pruner, qu
 log = logging.getLogger("litlab")
 
 
-class RunRecord(Protocol):
-    """Where the callback records the epoch a trial was pruned at (``litlab.run.lifecycle.Run``)."""
-
-    extra: dict[str, Any]
-
-
 class TrialPruning(Callback):
     """Reports ``metric`` to an Optuna trial after every validation and stops the run when its pruner
     says so (``run.extra["pruned_epoch"]`` then tells ``litlab.run.lifecycle`` the run was pruned)."""
 
-    def __init__(self, metric: str, spec: dict[str, Any], run: RunRecord) -> None:
+    def __init__(self, metric: str, spec: dict[str, Any], run: Any) -> None:  # run: litlab.run.lifecycle.Run
         self.metric = metric
         self.spec = spec
         self.run = run

@@ -1,7 +1,6 @@
-"""``litlab-train`` as a Python function, for scripts and notebooks: ``litlab.train(["model=mlp"])``
-trains one run in this process, as the command does, and returns its summary (summary.json);
-``litlab.compose`` gives the checked config first, to read or change. The command runs the same
-function (``litlab.cli.train``).
+"""How a single run starts: ``start``, every command's main, runs the config its preflight checked as
+Hydra's job; ``litlab.train(["model=mlp"])`` trains one run in this process, as ``litlab-train`` does,
+and returns its summary (summary.json); ``litlab.compose`` gives the checked config first.
 """
 
 from __future__ import annotations
@@ -9,21 +8,59 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.utils import run_job
+from hydra.core.utils import JobReturn, run_job
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
 from litlab import garbage_collection
 from litlab.cli import quiet
-from litlab.cli.preflight import checked_config, sweep_overrides
+from litlab.cli.flags import multirun_flag_first
+from litlab.cli.paths import check_pasted_paths
+from litlab.cli.preflight import check_or_exit, checked_config, sweep_overrides
+from litlab.config.identity import one_start
 from litlab.config.preflight import CONFIG_DIR
 from litlab.config.rules import ConfigError, device_count
+from litlab.run.summary import SWEEP_JOB_ENV
+
+# Set by a checked single run's process: the ranks Lightning's launcher starts from it check nothing again.
+_CHECKED_ENV = "LITLAB_RANKS_CHECKED"
+
+
+def start(config_name: str, task: Callable[[DictConfig], Any], hydra_main: Callable[[], Any]) -> None:
+    """``litlab-<config_name>``: check the command line's config and run ``task`` on it as Hydra's single
+    run; Hydra's own main (``hydra_main``) for its flags and a sweep."""
+    quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
+    sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
+    check_pasted_paths(sys.argv[1:])  # a path Hydra cannot parse: how to quote it
+    try:
+        with one_start():  # the preflight and the run compute each thing once
+            checked = _config_to_run(config_name, sys.argv[1:])
+            if checked is not None:
+                os.environ[_CHECKED_ENV] = str(os.getpid())  # before Lightning starts the run's other ranks
+                _run_job(checked, task, one_line_exit=True)
+                return
+        hydra_main()
+    finally:
+        os.environ.pop(_CHECKED_ENV, None)  # a later start in this process checks again
+        garbage_collection.skip_collection_at_exit()
+
+
+def _config_to_run(config_name: str, args: list[str]) -> DictConfig | None:
+    """The config of a single run, checked (or exit 2) where this process is the first to see it."""
+    sweep_job = config_name == "train" and SWEEP_JOB_ENV in os.environ  # its sweeper checked it
+    # A rank Lightning's launcher started from a checked run: its child, with LOCAL_RANK 1 or more (LOCAL_RANK
+    # alone is also torchrun's; rank 0's own LOCAL_RANK=0 reaches any command it starts). Not its children's.
+    checked_by = os.environ.pop(_CHECKED_ENV, None)
+    lightning_rank = checked_by == str(os.getppid()) and os.environ.get("LOCAL_RANK", "0") != "0"
+    return check_or_exit(config_name, args, check=not (sweep_job or lightning_rank))
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
@@ -39,13 +76,10 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def train(config: Sequence[str] | DictConfig = ()) -> dict[str, Any]:
-    """Train one run in this process, as ``litlab-train OVERRIDES`` would: its run directory, train.log,
-    checkpoints in storage, resume of an unfinished run of the same command. ``config``: overrides,
-    or a config from ``compose``. Returns the run's summary (summary.json: status, metrics, ...).
-
-    Errors are raised, not printed: ConfigError for a bad config, LitlabError for a run that
-    stopped. Several devices: ``strategy=ddp_notebook`` forks their ranks from this process (a
-    notebook's way); other strategies need ``litlab-train`` (docs/launch.md)."""
+    """Train one run in this process, as ``litlab-train OVERRIDES`` would (``config``: overrides, or a
+    config from ``compose``), and return its summary.json. Errors are raised: ConfigError for a bad
+    config, LitlabError for a run that stopped. Several devices: ``strategy=ddp_notebook`` forks their
+    ranks from this process; other strategies need ``litlab-train`` (docs/launch.md)."""
     cfg = config if isinstance(config, DictConfig) else compose(config)
     devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
     forked = cfg.strategy.get("start_method") == "fork"  # Lightning forks the ranks from this process
@@ -55,37 +89,28 @@ def train(config: Sequence[str] | DictConfig = ()) -> dict[str, Any]:
             "litlab.train trains in this process; several devices of this machine need strategy=ddp_notebook "
             "(ranks forked from it), several machines litlab-train (docs/launch.md)"
         )
-    return run_checked(cfg, one_line_exit=False)
+    job = _run_job(cfg, train_run, one_line_exit=False)
+    summary = Path(job.hydra_cfg.hydra.runtime.output_dir) / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else {}
 
 
-def run_checked(cfg: DictConfig, one_line_exit: bool) -> dict[str, Any]:
-    """Hydra's single run of ``cfg`` (a checked train config with its ``hydra`` node): the run directory,
-    .hydra/, logging, then ``train_run``. ``one_line_exit``: a failure ends the process with one line
-    on stderr, as a command does; otherwise it is raised."""
-    from litlab.config.identity import run_folder
+def _run_job(cfg: DictConfig, task: Callable[[DictConfig], Any], one_line_exit: bool) -> JobReturn:
+    """Hydra's single run of ``task`` on ``cfg`` (a checked config with its ``hydra`` node): the run
+    directory, .hydra/, logging. ``one_line_exit``: a failure ends the process with one line on stderr,
+    as a command does; otherwise it is raised."""
     from litlab.config.redact import move_typed_secrets
     from litlab.library_internals import hydra_job_callbacks
 
-    # As the multirun's Hydra callback does (CommandLineSecrets): a credential typed on the command
-    # line reaches the run through the environment, so no file Hydra or litlab writes holds it.
-    move_typed_secrets(cfg)
-    # The start's one read of its storage (the resume decision's first half), made here and kept, so
-    # the resolver that names the run folder from it (hydra.run.dir) reads nothing.
-    run_folder(cfg)
+    move_typed_secrets(cfg)  # a credential typed on the command line reaches the run by the environment
     with read_write(cfg.hydra), open_dict(cfg.hydra):  # RUN: where litlab.run.ending exits in one line
         cfg.hydra.mode = RunMode.RUN if one_line_exit else None
-    # Hydra's own single run (what its run mode does after composing); run_job reads no config source,
-    # but its context wants the loader of an initialized Hydra.
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
-        loader = GlobalHydra.instance().hydra.config_loader
-        context = HydraContext(config_loader=loader, callbacks=hydra_job_callbacks(cfg))
+    # Hydra's own single run; run_job reads no config source, but its context wants an initialized Hydra.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"), one_start():
+        context = HydraContext(GlobalHydra.instance().hydra.config_loader, hydra_job_callbacks(cfg))
         with _root_logging_restored(not one_line_exit):  # the caller's logging after the run, not train.log
-            job = run_job(
-                train_run, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context
-            )
-    _ = job.return_value  # raises the run's exception, as Hydra's run mode does
-    summary = Path(job.hydra_cfg.hydra.runtime.output_dir) / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else {}
+            job = run_job(task, cfg, "hydra.run.dir", None, hydra_context=context)
+    _ = job.return_value  # raises the task's exception, as Hydra's run mode does
+    return job
 
 
 def train_run(cfg: DictConfig) -> float | None:
@@ -114,8 +139,7 @@ def train_run(cfg: DictConfig) -> float | None:
 
 @contextlib.contextmanager
 def _root_logging_restored(restore: bool) -> Iterator[None]:
-    """Hydra's job logging replaces the root logger's handlers with the run's (console, train.log);
-    in a caller that goes on (a notebook, a test), its own come back afterwards."""
+    """The caller's root logging handlers back after Hydra's job logging replaced them (a notebook)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:

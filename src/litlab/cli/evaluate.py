@@ -1,9 +1,6 @@
-"""``litlab-eval ckpt_path=PATH``: test a checkpoint on the test split of the data it was trained on.
-
-The module and datamodule are rebuilt from the run config every litlab checkpoint carries
-(``litlab.storage.checkpoints.RunConfigInCheckpoint``), redacted values resolved from this process's
-environment, and the weights loaded with ``weights_only=True``. Writes ``eval.json`` in its own run
-directory. ``litlab-predict`` (``litlab.cli.predict``) rebuilds and starts the same way.
+"""``litlab-eval ckpt_path=PATH``: test a checkpoint on the test split of the data it was trained on,
+rebuilt from the run config the checkpoint carries (``RunConfigInCheckpoint``; ``litlab-predict``
+rebuilds it the same way), weights loaded with ``weights_only=True``; writes ``eval.json``.
 """
 
 from __future__ import annotations
@@ -11,19 +8,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-from litlab import garbage_collection
 from litlab.cli import quiet
-from litlab.cli.flags import multirun_flag_first
-from litlab.cli.paths import check_pasted_paths
-from litlab.cli.preflight import check_or_exit
+from litlab.cli.api import start
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
 
@@ -72,10 +65,8 @@ def evaluate(cfg: DictConfig) -> float | None:
 
 
 def rebuild_from_checkpoint(cfg: DictConfig) -> tuple[dict, DictConfig, Any, Any]:
-    """What ``cfg.ckpt_path`` (a path or fsspec URL) was trained with, rebuilt from the run config it
-    carries: (its stored run record, the run's config, the datamodule, the module, weights not yet
-    loaded). ``cfg.data``, where the command's config has one, replaces the stored data config.
-    Raises LitlabError for a file that is not a litlab checkpoint or a value that does not resolve."""
+    """(stored run record, run config, datamodule, module without weights) of ``cfg.ckpt_path``, with
+    ``cfg.data`` where given; LitlabError for a file that is not a litlab checkpoint."""
     from omegaconf import OmegaConf
 
     from litlab.config.redact import unresolvable
@@ -127,8 +118,8 @@ def weights_that_fit(ckpt_path: str, stored: dict, other_data: str | None = None
 
 @contextlib.contextmanager
 def no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
-    """Removes the run directory Hydra made (and its parents, where that leaves them empty) when the
-    block exits for bad input (status 2): bad input leaves nothing behind, as in preflight."""
+    """Bad input (exit 2) leaves nothing behind, as in preflight: the run directory Hydra made goes,
+    with its parents where that leaves them empty."""
     try:
         yield
     except SystemExit as stop:
@@ -148,26 +139,14 @@ def no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
 
 
 def _first_line(error: BaseException) -> str:
+    # Two lines, not errors.first_line's one: a state_dict error names its first mismatch on the second.
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     return " ".join(lines[:2])[:200] if lines else type(error).__name__
 
 
 def main() -> None:
-    """Console script: check the command line's config, then hand over to Hydra."""
-    start("eval", evaluate)
-
-
-def start(config_name: str, hydra_main: Callable[[], Any]) -> None:
-    """``litlab-<config_name>`` (eval, predict): check the command line's config, then hand over to
-    Hydra's ``hydra_main``."""
-    quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
-    sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
-    check_pasted_paths(sys.argv[1:])  # ckpt_path=PATH that Hydra cannot parse: how to quote it
-    check_or_exit(config_name, sys.argv[1:])
-    try:
-        hydra_main()
-    finally:
-        garbage_collection.skip_collection_at_exit()
+    """Console script."""
+    start("eval", evaluate, evaluate)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,8 @@
 """``litlab-predict ckpt_path=PATH``: a checkpoint's predictions, in files a user opens without litlab.
 
-The module and datamodule are rebuilt from the checkpoint as ``litlab-eval`` rebuilds them
-(``litlab.cli.evaluate.rebuild_from_checkpoint``). ``trainer.predict`` runs on the datamodule's
-``predict_dataloader``, or its test split where it has none. ``PredictionFiles``, a Lightning
-``BasePredictionWriter``, keeps each rank's predictions with their samples' indices; rank 0 gathers
-them and writes ``predictions.csv`` and ``predictions.pt`` into the command's own run directory
-(docs/contract.md, "Predictions").
+The checkpoint is rebuilt as ``litlab-eval`` rebuilds it; ``trainer.predict`` runs on the datamodule's
+``predict_dataloader`` (or its test split), and rank 0 writes every rank's predictions to
+``predictions.csv`` and ``predictions.pt`` in the run directory (``PredictionFiles``; docs/contract.md).
 """
 
 from __future__ import annotations
@@ -18,7 +15,8 @@ import hydra
 from omegaconf import DictConfig
 
 from litlab.cli import quiet
-from litlab.cli.evaluate import no_run_dir_after_bad_input, rebuild_from_checkpoint, start, weights_that_fit
+from litlab.cli.api import start
+from litlab.cli.evaluate import no_run_dir_after_bad_input, rebuild_from_checkpoint, weights_that_fit
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
 from litlab.errors import LitlabError, first_line
@@ -49,8 +47,8 @@ def predict(cfg: DictConfig) -> None:
     # Not a checkpoint, another model's, no data to predict: one line, no run directory left.
     with no_run_dir_after_bad_input(run_dir), one_line_errors():
         stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
-        split = use_test_split_without_predict_dataloader(data)
-        forward_without_predict_step(module)
+        split = _use_test_split_without_predict_dataloader(data)
+        _forward_without_predict_step(module)
         writer = PredictionFiles(run_dir, split)
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
@@ -70,10 +68,9 @@ def predict(cfg: DictConfig) -> None:
             )
 
 
-def forward_without_predict_step(module: Any) -> None:
-    """For a module without predict_step, Lightning's default, ``forward(batch)``: a LitlabError
-    naming what to add where it has no forward, or where forward refuses a batch that is not one
-    tensor (the ``(x, y)`` of a split with targets)."""
+def _forward_without_predict_step(module: Any) -> None:
+    """Lightning's default ``forward(batch)`` for a module without predict_step, or a LitlabError naming
+    what to add where it has no forward or forward refuses a batch that is not one tensor."""
     import lightning as L
     import torch
     from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -109,10 +106,9 @@ def forward_without_predict_step(module: Any) -> None:
     module.predict_step = predict_step  # the instance's: Lightning calls it as the module's hook
 
 
-def use_test_split_without_predict_dataloader(data: Any) -> str:
-    """The split ``trainer.predict`` reads: "predict", or "test" for a datamodule without
-    ``predict_dataloader`` (its ``test_dataloader`` is made its predict loader, and one line says so).
-    A LitlabError for a datamodule that has neither."""
+def _use_test_split_without_predict_dataloader(data: Any) -> str:
+    """The split ``trainer.predict`` reads: "predict", or "test" (said in one line) for a datamodule
+    without ``predict_dataloader``; a LitlabError for one that has neither."""
     import lightning as L
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -139,8 +135,8 @@ def use_test_split_without_predict_dataloader(data: Any) -> str:
 
 
 def main() -> None:
-    """Console script: check the command line's config, then hand over to Hydra."""
-    start("predict", predict)
+    """Console script."""
+    start("predict", predict, predict)
 
 
 if __name__ == "__main__":

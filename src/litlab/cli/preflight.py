@@ -1,17 +1,9 @@
 """Check a command line's config before Hydra starts the run: no run directory until it is right.
 
-``check_or_exit`` composes the config as Hydra will and turns any problem into one ``litlab: error:``
-line naming the bad key or value and what is allowed, then exits 2. It checks, in order:
-
-1. composition, the schema, every ``_target_`` node against its target's signature and
-   ``litlab.config.rules`` (no torch import);
-2. the storage root, an explicit ``resume=PATH``, and the run's lock (``litlab.storage.lock``);
-3. your datamodule and optimizer partial, built once on the side (``build_on_the_side``).
-
-A sweep (``-m``, comma lists, a sweep file) is composed here as Hydra composes it before its sweeper
-runs (a key or value that does not compose is the same one line as for a single run); its sweeper then
-composes and checks each job before it starts (the grid: every job before any starts;
-``litlab.launch.multirun.plan_job``), and a job's own process checks nothing again.
+``check_or_exit`` composes the config once and turns any problem into one ``litlab: error:`` line,
+exit 2: composition, the schema, every ``_target_``'s signature and the rules (no torch import); the
+storage root, ``resume=PATH`` and the run's lock; the datamodule and optimizer, built on the side. A
+sweep is only composed here: its sweeper checks each job (``litlab.launch.multirun.plan_job``).
 ``HYDRA_FULL_ERROR=1`` raises the error, with its traceback, instead.
 """
 
@@ -35,7 +27,7 @@ from omegaconf.errors import (
 
 from litlab.cli.flags import MULTIRUN_FLAGS
 from litlab.config import rules, schema, signatures
-from litlab.config.identity import run_identity
+from litlab.config.identity import once, run_identity
 from litlab.config.preflight import (
     CONFIG_DIR,
     check_train_config,
@@ -47,10 +39,10 @@ from litlab.logs import global_rank
 from litlab.storage import lock, roots
 
 
-def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
-    """The config ``litlab-<config_name> ARGS`` runs, checked, or exit 2 with one line. None for a
-    sweep (composed here, checked by its sweeper job by job) and where Hydra's own flags other than
-    ``-m`` leave the config to Hydra (--cfg, --help, -cn...)."""
+def check_or_exit(config_name: str, args: list[str], check: bool = True) -> DictConfig | None:
+    """The config ``litlab-<config_name> ARGS`` runs, checked (only composed without ``check``), or exit
+    2 with one line. None for a sweep (composed here, checked by its sweeper job by job) and where
+    Hydra's own flags other than ``-m`` leave the config to Hydra (--cfg, --help, -cn...)."""
     multirun = bool(args) and args[0] in MULTIRUN_FLAGS  # flags.multirun_flag_first put it there
     overrides = args[1:] if multirun else args
     if any(arg.startswith("-") for arg in overrides):
@@ -60,7 +52,7 @@ def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
         if multirun or sweep:  # the sweep's base config, as Hydra composes it before its sweeper
             composed(config_name, [o for o in overrides if o not in sweep])
             return None
-        cfg = checked_config(config_name, overrides)
+        cfg = checked_config(config_name, overrides) if check else composed(config_name, overrides)
         return cfg if cfg.hydra.mode != RunMode.MULTIRUN else None
     except rules.ConfigError as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -71,8 +63,7 @@ def check_or_exit(config_name: str, args: list[str]) -> DictConfig | None:
 
 def checked_config(config_name: str, args: list[str]) -> DictConfig:
     """The config ``litlab-<config_name> ARGS`` runs, composed (with its ``hydra`` node) and checked;
-    raises ConfigError with the one line the command prints. A sweep file's config (``hydra.mode:
-    MULTIRUN``) is only composed: its sweeper checks each job."""
+    raises ConfigError with the command's one line. A sweep file's config is only composed."""
     cfg = composed(config_name, args)
     if cfg.hydra.mode == RunMode.MULTIRUN:
         return cfg
@@ -91,7 +82,7 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
             f"'{error.full_key}' has no value: set it, or choose an option of its group"
         ) from None
     if config_name == "train":
-        build_on_the_side(cfg)
+        _build_on_the_side(cfg)
     return cfg
 
 
@@ -110,9 +101,7 @@ def composed(config_name: str, args: list[str]) -> DictConfig:
     except MissingConfigException as error:
         raise rules.ConfigError(composition_message(error)) from None
     except (HydraException, OmegaConfBaseException) as error:
-        raise rules.ConfigError(
-            _user_group_key_message(config_name, args, error) or composition_message(error)
-        ) from None
+        raise rules.ConfigError(_user_group_key_message(args, error) or composition_message(error)) from None
     except ValueError as error:  # Hydra's defaults list, e.g. for the override `=3`
         raise rules.ConfigError(
             f"malformed override: {first_line(str(error))} (see --help for the syntax)"
@@ -134,9 +123,8 @@ def _parsed(args: list[str]) -> list:
         ) from None
 
 
-def build_on_the_side(cfg: DictConfig) -> None:
-    """Construct the datamodule and call the optimizer partial with one parameter, as the run will,
-    so that a value they reject fails before any run directory exists. Raises ConfigError."""
+def _build_on_the_side(cfg: DictConfig) -> None:
+    """The datamodule and the optimizer partial built as the run will (``check_by_building``)."""
     from litlab.run.build import check_by_building  # loads torch and Lightning: not before a typo fails
 
     HydraConfig.instance().set_config(cfg)  # configs may use ${hydra:runtime.cwd} and the like
@@ -155,7 +143,7 @@ def check_storage_and_resume(cfg: DictConfig) -> None:
         ) from None
     except OmegaConfBaseException:
         return  # e.g. a root built from the run directory: prepare_run checks it once that exists
-    roots.check_storage(storage_cfg)
+    once("storage", storage_cfg, lambda: roots.check_storage(storage_cfg))  # prepare_run asks too
     if cfg.resume not in ("auto", "never"):
         roots.check_checkpoint_exists(str(cfg.resume), storage_cfg)
     if global_rank() == 0:  # another process training this run identity: refuse before torch loads
@@ -164,22 +152,19 @@ def check_storage_and_resume(cfg: DictConfig) -> None:
         lock.check_not_locked(roots.RunStorage(storage_cfg["root"], identity, options))
 
 
-def _user_group_key_message(config_name: str, args: list[str], error: BaseException) -> str | None:
-    """``model.net.hiden=3``: Hydra refuses a key its config does not have, without saying which keys
-    there are. For a node with a ``_target_``, the signature check's line (composed without the key,
-    then the key added back)."""
+def _user_group_key_message(args: list[str], error: BaseException) -> str | None:
+    """``model.net.hiden=3``: Hydra refuses a key its config lacks without naming the ones it has. For
+    a node with a ``_target_``, the signature check's line, on the config as far as Hydra composed it."""
     cause = error.__cause__
-    key = getattr(cause, "full_key", None)
-    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not key or "." not in key:
+    key, node = getattr(cause, "full_key", None) or "", getattr(cause, "parent_node", None)
+    if node is None or not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or "." not in key:
         return None
-    others = [a for a in args if a.split("=", 1)[0].lstrip("+~") != key]
+    cfg = node._get_root()  # the error's node belongs to the config composed so far
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=others, return_hydra_config=True)
         OmegaConf.update(cfg, key, None, force_add=True)
         signatures.check(cfg, args, config_dirs(cfg))
     except rules.ConfigError as refused:
         return str(refused) if f"'{key}'" in str(refused) else None
-    except Exception:  # the other overrides do not compose either: Hydra's message it is
+    except Exception:  # too little composed to check: Hydra's message it is
         return None
     return None

@@ -1,14 +1,13 @@
-"""A run's identity: the name its folder, its resume point and its lock are found by; and the
-version of the user's code (``code_version``) that makes a changed model a new run.
-
-Nothing here imports torch: the preflight computes the identity to check the run's lock before torch
-loads, Hydra names the run's folder (``run_folder``) before the run starts, and hashing the code
-reads a few files.
+"""A run's identity (the name its folder, resume point and lock are found by) and the version of the
+user's code (``code_version``) that makes a changed model a new run. No torch import: the preflight
+checks the run's lock with it, and Hydra names the run's folder from it, before torch loads.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -16,10 +15,10 @@ import logging
 import re
 import site
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -50,13 +49,43 @@ NOT_SETTINGS = (
 # resolves the run's folder from this identity).
 _KEPT_AS_TEXT = re.compile(r"\$\{(?:[\w.]*:|(?:" + "|".join(NOT_SETTINGS) + r")[.}])")
 _ONE_NODE = re.compile(r"\$\{[\w.]+\}")
+_T = TypeVar("_T")
+# What the start under way computed (``one_start``), by kind and content: None outside a start.
+_this_start: dict[tuple[str, str], Any] | None = None
+
+
+@contextlib.contextmanager
+def one_start() -> Iterator[None]:
+    """Within the block (a start: its preflight, Hydra naming its folder, ``prepare_run``), each thing
+    ``once`` computes is computed once per content. Outside, always: the user's files may change."""
+    global _this_start
+    outer = _this_start
+    _this_start = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _this_start = outer
+
+
+def once(kind: str, content: Any, compute: Callable[[], _T]) -> _T:
+    """``compute()``, or within ``one_start`` what it gave for the same ``kind`` and ``content``."""
+    if _this_start is None:
+        return compute()
+    key = (kind, json.dumps(content, default=str))
+    if key not in _this_start:
+        _this_start[key] = compute()
+    return copy.deepcopy(_this_start[key])  # a caller's change reaches no other caller
 
 
 def run_settings(cfg: DictConfig) -> dict[str, Any]:
-    """What a run trains, resolved: every config value but where it is stored, logged and how it
-    is launched (``NOT_SETTINGS``), as ``{"trainer.max_epochs": 3, ...}``. ``optimizer.lr=0.002``
-    and ``2e-3`` are one setting; a sweep file's fixed values are settings like any other."""
+    """What a run trains, resolved, as ``{"trainer.max_epochs": 3, ...}``: every config value but
+    ``NOT_SETTINGS``. ``optimizer.lr=0.002`` and ``2e-3`` are one setting."""
     container = OmegaConf.to_container(cfg, resolve=False)
+    written = {name: value for name, value in container.items() if name not in NOT_SETTINGS}
+    return once("settings", written, lambda: _settings(cfg, written))
+
+
+def _settings(cfg: DictConfig, written: dict[str, Any]) -> dict[str, Any]:
     settings: dict[str, Any] = {}
 
     def walk(node: Any, key: str) -> None:
@@ -74,20 +103,15 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
         else:
             settings[key] = node
 
-    for name, value in container.items():
-        if name not in NOT_SETTINGS:
-            walk(value, str(name))
+    for name, value in written.items():
+        walk(value, str(name))
     return dict(sorted(settings.items()))
 
 
 def _resolves_to_a_setting(node: Any) -> bool:
-    """An interpolation whose value is a setting: not a location, the environment, nor a whole node
-    (``${optimizer}``, a setting of its own)."""
-    return (
-        isinstance(node, str)
-        and "${" in node
-        and not (_KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node))
-    )
+    """An interpolation whose value is a setting: not a location, the environment, nor a whole node."""
+    interpolation = isinstance(node, str) and "${" in node
+    return interpolation and not (_KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node))
 
 
 def settings_fingerprint(settings: dict[str, Any], spelled: bool = False) -> str:
@@ -101,18 +125,16 @@ def settings_fingerprint(settings: dict[str, Any], spelled: bool = False) -> str
 
 
 def run_identity(cfg: DictConfig, settings: dict[str, Any] | None = None, spelled: bool = False) -> str:
-    """``run_name``, or the experiment name plus a hash of the run's settings (``run_settings``, or
-    ``settings`` where the caller has them): two commands that train the same are one run, two that
-    train differently never are. ``spelled``: the identity litlab gave the run until 2026-12."""
+    """``run_name``, or the experiment name plus a hash of the run's settings: two commands that train
+    the same are one run. ``spelled``: the identity litlab gave the run until 2026-12."""
     if cfg.run_name:
         return str(cfg.run_name)
     return f"{cfg.experiment_name}-{settings_fingerprint(settings or run_settings(cfg), spelled)[:10]}"
 
 
 def start_record(cfg: DictConfig, hydra_cfg: DictConfig, settings: dict[str, Any]) -> dict[str, Any]:
-    """What the resume decision compares a stored run with, and a start records in run.json: the
-    version of the user's code (``CodeVersion.record``), the settings' fingerprint, also as
-    ``spelled``, and the identity litlab gave the run until 2026-12 (``earlier``)."""
+    """What a start records in run.json and the resume decision compares: the code's version, the
+    settings' fingerprint (also ``spelled``), and the identity of litlab until 2026-12 (``earlier``)."""
     return {
         **code_version(cfg, hydra_cfg).record(),
         "settings": settings_fingerprint(settings),
@@ -122,13 +144,14 @@ def start_record(cfg: DictConfig, hydra_cfg: DictConfig, settings: dict[str, Any
 
 
 def run_folder(cfg: DictConfig) -> str:
-    """The name of the run's folder, under ``<log dir>/<task>/runs/`` and under the storage root: its
-    identity, or where ``found_in_storage`` finds the run (kept for the start's resume decision): its
-    earlier name, or the version of this code and settings. ``cfg`` holds Hydra's node.
+    """The name of the run's folder (``cfg`` holds Hydra's node): its identity, or where
+    ``found_in_storage`` finds the run (kept for the start's resume decision). Every rank, restart and
+    requeue of one command computes the same name from the command and the storage alone."""
+    content = _start_content(cfg, cfg.hydra)
+    return once("folder", content, lambda: _run_folder(cfg))
 
-    Every rank, every restart and every requeue of one command computes the same name from the
-    command and the storage, so ranks need not agree on it and a requeued job finds its folder.
-    """
+
+def _run_folder(cfg: DictConfig) -> str:
     identity = run_identity(cfg)
     try:
         found = found_in_storage(cfg, cfg.hydra, identity, keep=True)
@@ -139,13 +162,20 @@ def run_folder(cfg: DictConfig) -> str:
     return found.folder.identity if found is not None else identity
 
 
+def _start_content(cfg: DictConfig, hydra_cfg: DictConfig) -> list[Any]:
+    """What a start's identity, code version and folder follow from: the config and Hydra's choices."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra", None)
+    sources = [(s.path, s.schema) for s in hydra_cfg.runtime.config_sources]
+    choices = OmegaConf.to_container(hydra_cfg.runtime.choices)
+    return [container, choices, sources, str(hydra_cfg.job.config_name)]
+
+
 def found_in_storage(
     cfg: DictConfig, hydra_cfg: DictConfig, identity: str, keep: bool = False
 ) -> resume.Decision | None:
-    """The resume decision's read-only half (``litlab.storage.resume.find``) for the run ``cfg``
-    (``identity``: ``run_identity(cfg)``) composed as ``hydra_cfg`` says: its storage folder for the
-    code and settings as they are now, and the summary of a run that completed there; None for a
-    debug run (``trainer.fast_dev_run``), which always starts fresh in the identity's folder."""
+    """The resume decision's read-only half (``litlab.storage.resume.find``) for the run ``cfg``; None
+    for a debug run (``trainer.fast_dev_run``), which always starts fresh in the identity's folder."""
     if OmegaConf.select(cfg, "trainer.fast_dev_run", default=False):
         return None
     storage = RunStorage(str(cfg.storage.root), identity, storage_options(cfg.storage))
@@ -155,14 +185,14 @@ def found_in_storage(
 # Config groups that say where a run is stored or how a multirun is made, not what the run is (as
 # NOT_SETTINGS): editing their files makes no new run.
 _NOT_CODE_GROUPS = ("hydra", "paths", "storage", "sweep", "hparams_search")
-ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
+_ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
 
 
 @dataclass(frozen=True)
 class CodeVersion:
-    """Content hashes of the user's code that composed a run: the modules of its ``_target_``s and
-    what they import from the user's packages (not installed ones, not the engine), and the config
-    files Hydra chose, by name (``project/vision/module.py``, ``configs/model/cnn.yaml``)."""
+    """Content hashes of the user's code that composed a run, by name (``project/vision/module.py``,
+    ``configs/model/cnn.yaml``): its ``_target_``s' modules and what they import from the user's
+    packages, and the config files Hydra chose."""
 
     files: dict[str, str]
 
@@ -178,8 +208,12 @@ class CodeVersion:
 
 def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> CodeVersion:
     """The user's code as it is now, for the config ``cfg`` that Hydra composed as ``hydra_cfg`` says."""
-    files = {name: _file_hash(path) for name, path in [*_code_files(cfg), *_config_files(hydra_cfg)]}
-    return CodeVersion(files)
+
+    def files() -> CodeVersion:
+        named = [*_code_files(cfg), *_config_files(hydra_cfg)]
+        return CodeVersion({name: _file_hash(path) for name, path in named})
+
+    return once("code", _start_content(cfg, hydra_cfg), files)
 
 
 def _file_hash(path: Path) -> str:
@@ -199,9 +233,8 @@ def _targets(node: Any) -> Iterator[str]:
 
 
 def _code_files(cfg: DictConfig) -> list[tuple[str, Path]]:
-    """The user's modules the ``_target_``s name and every user module they import, at any depth, with
-    each package's ``__init__.py``: read (``ast``), not imported, so a file no part of the run imports
-    (another task's) is not its code. Named from the top-level package (``project/vision/module.py``)."""
+    """The user's modules the ``_target_``s name and every user module they import, with each package's
+    ``__init__.py``: read (``ast``), not imported, so another task's file is not this run's code."""
     container = OmegaConf.to_container(cfg, resolve=False)
     container.pop("hydra", None)  # a config composed with Hydra's own node (tests): not the task's
     pending = [target for target in _targets(container) if not target.startswith("${")]
@@ -212,7 +245,7 @@ def _code_files(cfg: DictConfig) -> list[tuple[str, Path]]:
         module = pending.pop()
         top = module.partition(".")[0]
         if top not in roots:  # its folder (or a module's file) where it is the user's: not installed
-            found = signatures.module_file(top) if top != ENGINE_PACKAGE else None
+            found = signatures.module_file(top) if top != _ENGINE_PACKAGE else None
             users = found is not None and not _installed(found)
             roots[top] = (found.parent if found.name == "__init__.py" else found) if users else None
         if module in seen or (root := roots[top]) is None:
@@ -247,8 +280,7 @@ def _installed(path: Path) -> bool:
 
 def _config_files(hydra_cfg: DictConfig) -> list[tuple[str, Path]]:
     """The primary config file and the file of every group option Hydra chose, where the first
-    search-path entry that has it is the user's (a folder, or a package that is not installed or
-    the engine); named from that entry's folder (``configs/model/cnn.yaml``)."""
+    search-path entry that has it is the user's; named from that entry's folder."""
     sources = [_source_folder(s.path, s.schema) for s in hydra_cfg.runtime.config_sources]
     wanted = [str(hydra_cfg.job.config_name)]
     for group, option in sorted(hydra_cfg.runtime.choices.items()):
@@ -270,8 +302,7 @@ def _config_files(hydra_cfg: DictConfig) -> list[tuple[str, Path]]:
 
 
 def _plain_defaults(path: Path, group: str) -> list[str]:
-    """The configs a file's defaults list names without a group (``- checkpoint`` in
-    ``callbacks/default.yaml``): not among Hydra's choices, they are found here."""
+    """The configs a file's defaults list names without a group (not among Hydra's choices)."""
     try:
         defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
     except (yaml.YAMLError, AttributeError):
@@ -293,10 +324,6 @@ def _source_folder(path: str, schema: str) -> tuple[Path | None, bool]:
     if schema != "pkg":
         return None, False  # structured configs (schema): no file
     top, *inner = path.split(".")
-    folder = _package_folder(top, inner)
-    return folder, top not in (ENGINE_PACKAGE, "hydra") and folder is not None and not _installed(folder)
-
-
-def _package_folder(top: str, inner: list[str]) -> Path | None:
     init = signatures.module_file(top)
-    return init.parent.joinpath(*inner) if init and init.name == "__init__.py" else None
+    folder = init.parent.joinpath(*inner) if init and init.name == "__init__.py" else None
+    return folder, top not in (_ENGINE_PACKAGE, "hydra") and folder is not None and not _installed(folder)

@@ -1,13 +1,10 @@
-"""The torch-free checks of a composed train config (``check_train_config``) and where the configs
-are read from: the fork's ``configs/`` (``CONFIG_DIR``), then the engine's groups
-(``ENGINE_CONFIG_DIR``; ``config_dirs``). They run once per run: for a single run in the command
-line's preflight (``litlab.cli.preflight``), before Hydra starts; for a sweep's job where its sweeper
-composes it, before the job starts (``litlab.launch.multirun.plan_job``).
+"""The torch-free checks of a composed train config, run once per run (``litlab.cli.preflight``, or
+a sweep's ``litlab.launch.multirun.plan_job``), and where configs are read from: the fork's
+``configs/`` (``CONFIG_DIR``), then the engine's groups (``ENGINE_CONFIG_DIR``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -20,9 +17,8 @@ from litlab.errors import first_line
 
 
 def _fork_config_dir() -> Path:
-    """The fork's ``configs/``. ``src/litlab_configs`` links to it, so it is found the same way in a
-    checkout, an editable install and a wheel (where the link's files are installed as
-    ``litlab_configs/``); the first entry of ``sys.path`` that has it wins."""
+    """The fork's ``configs/``, through the link ``src/litlab_configs``: found the same way in a
+    checkout, an editable install and a wheel (the first entry of ``sys.path`` that has it wins)."""
     spec = importlib.util.find_spec("litlab_configs")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("litlab_configs not found: install the project (make setup, or pip install .)")
@@ -34,9 +30,8 @@ ENGINE_CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def check_train_config(cfg: DictConfig, overrides: list[str]) -> None:
-    """The torch-free checks of a train config: every ``_target_`` node's keys and plain types
-    (trainer's against lightning.Trainer), the engine's rules, which read well-typed values, and the
-    optimized metric against what the module's source logs."""
+    """Every ``_target_`` node's keys and plain types, then the engine's rules (which read well-typed
+    values), then the optimized metric against what the module's source logs."""
     signatures.check(cfg, overrides, config_dirs(cfg))
     rules.check(cfg)
     signatures.check_metric_is_logged(cfg)
@@ -67,16 +62,9 @@ def composition_message(error: BaseException) -> str:
         key = getattr(cause, "full_key", None)
         reason = first_line(str(cause))
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
-            return f"unknown key '{key}'{_allowed_keys(cause)}"
+            allowed = rules.allowed_keys(getattr(cause, "object_type", None))
+            return f"unknown key '{key}'" + (f": {allowed}" if allowed else "")
         if key:
             return f"bad value for '{key}': {reason}"
         return reason
     return first_line(str(error))
-
-
-def _allowed_keys(error: OmegaConfBaseException) -> str:
-    schema_type = getattr(error, "object_type", None)
-    if schema_type is None or not dataclasses.is_dataclass(schema_type):
-        return ""
-    names = [f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_")]
-    return f": allowed keys are {', '.join(names)}"

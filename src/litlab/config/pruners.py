@@ -1,7 +1,6 @@
 """Optuna's settings shared by the search (``litlab.launch.search``) and the pruning callback in each
-trial's process (``litlab.callbacks.pruning``): the pruners a search may name (``hydra.sweeper.pruner``),
-the pruner built from them, how both connect to the study's database, and ``LITLAB_OPTUNA_TRIAL``,
-which tells a trial's process its study and trial. Optuna is imported only when a pruner is made.
+trial's process (``litlab.callbacks.pruning``): the pruner, the study database's connection, and
+``LITLAB_OPTUNA_TRIAL``, which tells a trial's process its study and trial. Optuna loads only when used.
 """
 
 from __future__ import annotations
@@ -14,19 +13,17 @@ from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.errors import error_chain, first_line
 
-# The environment variable that tells a trial's process its study and trial (JSON), for pruning.
-TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"
-PRUNERS = ("median", "hyperband", "none")
+TRIAL_ENV = "LITLAB_OPTUNA_TRIAL"  # a trial's study and trial (JSON), for pruning
+_PRUNERS = ("median", "hyperband", "none")
 
 
 def make_pruner(spec: dict[str, Any]) -> Any:
-    """The pruner of ``pruner_spec``'s dict; the same in the sweep and in every trial's process. A
-    name it does not know is a ConfigError (``hydra.sweeper.pruner``)."""
+    """The pruner ``hydra.sweeper.pruner`` names, the same in the sweep and in every trial's process."""
     import optuna
 
     name = spec["name"]
-    if name not in PRUNERS:
-        raise ConfigError(f"hydra.sweeper.pruner={name}: choose one of {', '.join(PRUNERS)}")
+    if name not in _PRUNERS:
+        raise ConfigError(f"hydra.sweeper.pruner={name}: choose one of {', '.join(_PRUNERS)}")
     if name == "median":
         return optuna.pruners.MedianPruner(
             n_startup_trials=int(spec.get("startup_trials", 5)),
@@ -43,11 +40,9 @@ def make_pruner(spec: dict[str, Any]) -> Any:
 
 def engine_kwargs(url: str) -> dict[str, Any]:
     """SQLAlchemy's settings for the study's database: a pooled connection is checked before use (a
-    restarted server's old ones are replaced), and PostgreSQL's connect gives up after 10 s rather
-    than the system's minutes (a host that does not answer)."""
-    if url.startswith("postgresql"):
-        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
-    return {"pool_pre_ping": True}
+    restarted server's are replaced); PostgreSQL's connect gives up after 10 s, not the system's minutes."""
+    timeout = {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {}
+    return {"pool_pre_ping": True, **timeout}
 
 
 def database_error(error: BaseException) -> str:
@@ -58,8 +53,8 @@ def database_error(error: BaseException) -> str:
 
 
 def quiet_optuna() -> None:
-    """litlab says what happens, once: Optuna's INFO lines and its warnings that heartbeats, retries
-    and stale-trial checks are experimental (they have been since Optuna 2.8) are left out."""
+    """litlab says what happens, once: no INFO lines from Optuna, and no warnings that heartbeats,
+    retries and stale-trial checks are experimental (they have been since Optuna 2.8)."""
     import warnings
 
     import optuna

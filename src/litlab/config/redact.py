@@ -1,12 +1,8 @@
 """Credentials stay in the environment: ``redact(cfg)`` is the copy of a config that litlab writes or logs.
 
-A run uses the real values; the stored config.yaml, the config in every checkpoint, the loggers'
-parameters and the hyperparameters are redacted: a value read through ``oc.env`` appears as its
-interpolation (``litlab-eval`` resolves it again), and a URL's user-info and any key that names a
-credential (``is_credential_key``) as ``***``. ``walk`` is the one walker that does it, for configs,
-overrides (plain, or as Hydra escapes them: ``http\\://user\\:pw@host``), summaries and Hydra's
-records. ``CommandLineSecrets`` moves a credential typed on the command line into the environment
-before Hydra writes anything. The rules: docs/loggers.md.
+A run uses the real values. What is written or logged shows a value read through ``oc.env`` as its
+interpolation, and a URL's user-info and the value of a key that names a credential as ``***``
+(``walk``, for configs, overrides, summaries and Hydra's records). The rules: docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -15,13 +11,18 @@ import itertools
 import logging
 import os
 import re
+import shlex
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf, flag_override
+from omegaconf.errors import OmegaConfBaseException
 
+from litlab.errors import first_line
 from litlab.logs import global_rank
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,10 @@ REDACTED = "***"
 
 # A URL's user-info: what lies between "scheme://" (or Hydra's escaped "scheme\://") and "@" before the host.
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://)(?P<userinfo>[^\s/@?#]+)@")
-# An override (``+key@package=value``), or the first of Hydra's comma-joined ones (override_dirname).
 # A database URL (SQLAlchemy's dialect[+driver]) names its user there, the password set elsewhere
 # (PGPASSWORD, ~/.pgpass): a user name alone is no credential; elsewhere it can be a token.
 _DATABASE_SCHEME = re.compile(r"(?:postgres(?:ql)?|mysql|mariadb|mssql|oracle|cockroachdb)(?:\+\w+)?\\?://")
+# An override (``+key@package=value``), or the first of Hydra's comma-joined ones (override_dirname).
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<key>[A-Za-z_][\w.@/-]*)=")
 _UNESCAPED_COMMA = re.compile(r"(?<!\\),")
 _HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t])")
@@ -48,12 +49,12 @@ _CREDENTIAL_KEY = re.compile(
 _ENV_MARK = "\x00litlab-environment\x00"
 
 # What a credential is written as: (the secret as it is written, its key) -> its replacement.
-Replace = Callable[[Any, Any], Any]
-_REDACTED: Replace = lambda secret, key: REDACTED  # noqa: E731
+_Replace = Callable[[Any, Any], Any]
+_REDACTED: _Replace = lambda secret, key: REDACTED  # noqa: E731
 
 
 def is_credential_key(key: Any) -> bool:
-    """Whether a config key names a credential (see the module docstring for the names)."""
+    """Whether a config key names a credential (``_CREDENTIAL_KEY``, on the key in snake_case)."""
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(key)).lower().replace("-", "_")
     return bool(_CREDENTIAL_KEY.search(snake))
 
@@ -77,13 +78,11 @@ def url_without_userinfo(url: str) -> tuple[str, str | None, str | None]:
 
 
 def walk(
-    value: Any, replace: Replace = _REDACTED, key: Any = None, known: Mapping[str, str] | None = None
+    value: Any, replace: _Replace = _REDACTED, key: Any = None, known: Mapping[str, str] | None = None
 ) -> Any:
-    """``value`` (a config, a summary, a list of overrides, Hydra's record) with each credential in it
-    replaced by ``replace(secret, key)`` (``***``): the value of a credential key, in a mapping or in an
-    override (``key=value``, or Hydra's comma-joined ``override_dirname``), and the user-info of every
-    URL, plain or as Hydra escapes it; either is kept where it is exactly ``${oc.env:NAME}``.
-    ``known``: strings written as something else first (a value from the environment: its interpolation)."""
+    """``value`` (a config, a summary, overrides, Hydra's record) with ``replace(secret, key)`` for the
+    value of each credential key (in a mapping or an override) and each URL's user-info, unless it is
+    exactly ``${oc.env:NAME}``. ``known``: strings written as something else first (their interpolation)."""
     if isinstance(value, (DictConfig, ListConfig)):
         value = _container(value)
     if isinstance(value, str) and known:
@@ -116,7 +115,7 @@ def walk(
     return ",".join(parts)
 
 
-def _userinfo(text: str, replace: Replace, key: Any) -> str:
+def _userinfo(text: str, replace: _Replace, key: Any) -> str:
     def written(m: re.Match) -> str:  # user-info read from the environment names it: kept
         user_alone = ":" not in m["userinfo"] and _DATABASE_SCHEME.fullmatch(m["scheme"])
         kept = user_alone or _is_env_reference(_plain(m["userinfo"]))
@@ -142,13 +141,12 @@ def redact(cfg: DictConfig) -> dict[str, Any]:
     return Redaction.of(cfg).config
 
 
+@dataclass
 class Redaction:
     """A config's redacted form, and what it needs to redact the values a module was built from."""
 
-    def __init__(self, config: dict[str, Any], environment_values: dict[str, str]) -> None:
-        self.config = config
-        # Resolved string values that came from the environment -> the interpolation text written instead.
-        self.environment_values = environment_values
+    config: dict[str, Any]
+    environment_values: dict[str, str]  # resolved values from the environment -> their interpolation
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Redaction:
@@ -163,9 +161,7 @@ class Redaction:
         return cls(walk(resolved), environment_values)
 
     def values(self, value: Any) -> Any:
-        """A module's or datamodule's hyperparameters (built from resolved values), redacted: a string
-        that is a value from the environment becomes its interpolation text; URL user-info and the
-        values of credential keys become ``***``."""
+        """A module's hyperparameters (built from resolved values), redacted as the config is."""
         return walk(value, known=self.environment_values)
 
 
@@ -176,7 +172,10 @@ def _environment_paths(text: Any) -> set[tuple]:
     interpolated = [path for path, value in _leaves(text) if isinstance(value, str) and "${" in value]
     if not interpolated:
         return set()
-    marked = OmegaConf.create(_mark_environment(text))
+    marked = OmegaConf.create(text)
+    for path, value in _leaves(text):
+        if isinstance(value, str) and _READS_ENVIRONMENT.search(value):
+            _at(marked, path[:-1])[path[-1]] = _ENV_MARK
     found = set()
     for path in interpolated:
         try:
@@ -189,16 +188,6 @@ def _environment_paths(text: Any) -> set[tuple]:
         if any(isinstance(v, str) and _ENV_MARK in v for _, v in _leaves(value)):
             found.add(path)
     return found
-
-
-def _mark_environment(text: Any) -> Any:
-    if isinstance(text, dict):
-        return {k: _mark_environment(v) for k, v in text.items()}
-    if isinstance(text, list):
-        return [_mark_environment(v) for v in text]
-    if isinstance(text, str) and _READS_ENVIRONMENT.search(text):
-        return _ENV_MARK
-    return text
 
 
 def _leaves(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
@@ -225,17 +214,13 @@ def typed_overrides(overrides: Any) -> list[str]:
 
 
 def redact_overrides(overrides: list[str]) -> list[str]:
-    """Command-line overrides (``key=value``) as they may be written or logged: the value of a
-    credential key is ``***`` (unless it is exactly ``${oc.env:NAME}``), URL user-info is ``***``."""
+    """Command-line overrides (``key=value``) as they may be written or logged."""
     return walk(list(overrides))
 
 
 def redact_command(command: str | list[str]) -> str | list[str]:
-    """A command line (a sweep job's child command: a list, or a string as a shell reads it) with its
-    ``key=value`` arguments redacted as ``redact_overrides`` does."""
+    """A sweep job's child command (a list, or a string as a shell reads it), its overrides redacted."""
     if isinstance(command, str):
-        import shlex
-
         try:
             return shlex.join(redact_overrides(shlex.split(command)))
         except ValueError:  # not shell syntax: at least no URL user-info
@@ -244,8 +229,7 @@ def redact_command(command: str | list[str]) -> str | list[str]:
 
 
 def redact_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """summary.json's fields as written: the overrides and a sweep job's command redacted, and no URL
-    user-info in any text (an error message, the storage folder's URL)."""
+    """summary.json's fields as written: the overrides, a sweep job's command and every text redacted."""
     sweep = summary.get("sweep")
     if isinstance(sweep, dict) and sweep.get("command"):
         summary = {**summary, "sweep": {**sweep, "command": redact_command(sweep["command"])}}
@@ -256,8 +240,6 @@ def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
     """Why a config stored redacted (a checkpoint's) cannot be used again where it must: the first
     value of ``sections`` whose interpolation fails to resolve in this process's environment, or that
     was redacted to ``***``; None when every value resolves."""
-    from omegaconf.errors import OmegaConfBaseException
-
     for section in sections:
         if section not in config:
             continue
@@ -267,9 +249,10 @@ def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
             try:
                 value = OmegaConf.select(config, key, throw_on_resolution_failure=True)
             except OmegaConfBaseException as error:
-                cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 # What the resolver said, without OmegaConf's wrapping of it.
-                cause = re.sub(r'^\w+ raised while resolving interpolation: "?(.*?)"?$', r"\1", cause)
+                cause = re.sub(
+                    r'^\w+ raised while resolving interpolation: "?(.*?)"?$', r"\1", first_line(error)
+                )
                 return (
                     f"{key} is stored as {written} (a value from the environment is not written into "
                     f"checkpoints) and cannot be resolved here ({cause}): set it in this environment"
@@ -284,13 +267,8 @@ def unresolvable(config: DictConfig, sections: tuple[str, ...]) -> str | None:
 
 
 def redact_hydra_record(output_dir: Any) -> list[str]:
-    """Hydra's own record of a run (``<run dir>/.hydra/``: the composed config, unresolved, and the
-    overrides as typed), with credentials redacted by ``walk``, in every file. Values from the
-    environment are not there (Hydra writes interpolations unresolved), nor is a credential typed on
-    the command line (``CommandLineSecrets``). A file is rewritten only where something
-    changes; returns the names of those rewritten."""
-    from pathlib import Path
-
+    """Hydra's own record of a run (``<run dir>/.hydra/``) redacted, each file rewritten only where
+    something changes; returns the names of those rewritten."""
     rewritten = []
     for path in sorted(Path(output_dir, ".hydra").glob("*.yaml")):
         text = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -302,12 +280,10 @@ def redact_hydra_record(output_dir: Any) -> list[str]:
 
 
 class CommandLineSecrets(Callback):
-    """Hydra callback (src/litlab/conf/hydra/default.yaml): when Hydra's run or multirun starts, before
-    it writes anything, a credential typed on the command line (a URL's user-info, a credential key's
-    value) moves into this process's environment as ``LITLAB_SECRET_<KEY>``, which the overrides and
-    the composed config then read (``${oc.env:LITLAB_SECRET_<KEY>}``). The run resolves the real
-    value; a sweep's jobs and their child processes inherit the variable, so no file (multirun.yaml,
-    .hydra/, command.sh, summary.json, a trial's record) and no child's command line holds it."""
+    """Hydra callback (src/litlab/conf/hydra/default.yaml): before Hydra writes anything, a credential
+    typed on the command line moves into the environment as ``LITLAB_SECRET_<KEY>``, which the
+    overrides and the config then read (``${oc.env:...}``). A sweep's jobs inherit the variable, so
+    no file and no child's command line holds it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         move_typed_secrets(config)
@@ -338,18 +314,13 @@ def move_typed_secrets(cfg: DictConfig) -> dict[str, str]:
         return moved
     # The overrides, Hydra's override_dirname and the composed values read the variables instead.
     written = OmegaConf.to_container(cfg, resolve=False)
-    _assign(
-        cfg,
-        written,
-        walk(written, lambda secret, key: to_environment(secret, key) if _plain(secret) in moved else secret),
-    )
+    _assign(cfg, written, walk(written, lambda s, k: to_environment(s, k) if _plain(s) in moved else s))
     HydraConfig.instance().set_config(cfg)
     if global_rank() == 0:
-        names = ", ".join(moved.values())
         log.warning(
             "a credential typed on the command line reaches the run as %s, never a file; your shell's "
             "history still holds it: pass it through the environment (${oc.env:NAME}) instead",
-            names,
+            ", ".join(moved.values()),
         )
     return moved
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +16,21 @@ from omegaconf import DictConfig, OmegaConf
 
 PRECISION_VALUES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's accelerator names
-NONFINITE_ACTIONS = ("fail", "skip")
-OOM_ACTIONS = ("fail", "auto_shrink")
-TUNE_MODES = ("power", "binsearch")
-METRIC_MODES = ("min", "max")
+# Settings that name one of a few values. OmegaConf 2.3 has no Literal type, and an Enum would turn
+# each value into an Enum object wherever the config goes (checkpoints, summaries, Optuna). A trainer
+# key the YAML leaves out has Lightning's default, the first value.
+_CHOICES = {
+    "precision.value": PRECISION_VALUES,
+    "optimized_metric_mode": ("min", "max"),
+    "trainer.accelerator": ACCELERATORS,
+    "on_nonfinite": ("fail", "skip"),
+    "oom.action": ("fail", "auto_shrink"),
+    "trainer.gradient_clip_algorithm": ("norm", "value", None),  # null: Lightning's default, norm
+    "tune.mode": ("power", "binsearch"),
+}
+# Settings that are positive integers; one left out (trainer's, a datamodule's batch_size) passes.
+_POSITIVE = ("trainer.num_nodes", "data.batch_size", "oom.max_shrinks", "oom.within_steps")
+_POSITIVE += ("tune.init_val", "tune.max_trials", "tune.steps_per_trial", "tune.max_val")
 
 
 class ConfigError(ValueError):
@@ -103,25 +115,31 @@ def _positive(key: str, value: Any, allowed: str = "a positive integer") -> None
         raise ConfigError(f"{key}={value} is not allowed: use {allowed}")
 
 
-def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value} is not allowed: use one of {', '.join(allowed)}")
+def allowed_keys(schema_type: Any) -> str | None:
+    """The names of a schema dataclass's fields, as an error says them; None for anything else."""
+    if not dataclasses.is_dataclass(schema_type):
+        return None
+    names = sorted(f.name for f in dataclasses.fields(schema_type) if not f.name.startswith("_"))
+    return f"allowed keys are {', '.join(names)}"
 
 
 def check(cfg: DictConfig) -> None:
     """Rules of a train config that types cannot express. Raises ConfigError."""
     _check_no_added_keys(cfg)
     _check_no_missing_values(cfg)
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=allowed[0])
+        if value not in allowed:
+            shown = ", ".join(a for a in allowed if a is not None)
+            raise ConfigError(f"{key}={value} is not allowed: use one of {shown}")
+    for key in _POSITIVE:
+        _positive(key, OmegaConf.select(cfg, key, default=1))
     trainer, data = cfg.trainer, cfg.data
     # Keys the trainer YAML leaves out have Lightning's defaults (lightning.Trainer's signature).
     if trainer.get("max_epochs") not in (None, -1):
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
     if trainer.get("max_steps", -1) != -1:
         _positive("trainer.max_steps", trainer.max_steps, "a positive integer, or -1 (no limit)")
-    _positive("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1))
-    _positive("trainer.num_nodes", trainer.get("num_nodes", 1))
-    if "batch_size" in data:  # a datamodule may fix its batches itself (docs/contract.md)
-        _positive("data.batch_size", data.batch_size)
     if cfg.tune.batch_size:
         _needs_batch_size(data, "tune.batch_size=true", "changes it to the largest that fits")
     if cfg.oom.action == "auto_shrink":
@@ -140,15 +158,10 @@ def check(cfg: DictConfig) -> None:
             f"trainer.devices={devices} is not allowed: use a positive integer, a list of "
             "device indices, or auto"
         )
-    if cfg.precision.value not in PRECISION_VALUES:
-        raise ConfigError(
-            f"precision.value={cfg.precision.value} is not allowed: use one of " + ", ".join(PRECISION_VALUES)
-        )
-    _one_of("optimized_metric_mode", cfg.optimized_metric_mode, METRIC_MODES)
     if cfg.optimized_metric is None:
         _check_nothing_follows_a_metric(cfg)
     batch_sizes(data, trainer, global_batch=cfg.global_batch_size)  # raises when it does not divide
-    check_runtime_options(cfg)
+    _check_runtime_options(cfg)
 
 
 def _check_nothing_follows_a_metric(cfg: DictConfig) -> None:
@@ -168,21 +181,13 @@ def _check_nothing_follows_a_metric(cfg: DictConfig) -> None:
         )
 
 
-def check_runtime_options(cfg: DictConfig) -> None:
-    """Values that would fail only after torch loads (accelerator, devices), and on_nonfinite, oom,
-    tune and gradient clipping. Raises ConfigError."""
+def _check_runtime_options(cfg: DictConfig) -> None:
+    """Values that would fail only after torch loads (devices), and oom, tune and gradient clipping."""
     trainer = cfg.trainer
     accelerator, devices = trainer.get("accelerator", "auto"), trainer.get("devices", "auto")
-    _one_of("trainer.accelerator", accelerator, ACCELERATORS)
-    _one_of("on_nonfinite", cfg.on_nonfinite, NONFINITE_ACTIONS)
     for key in ("hang_timeout", "preempt_grace"):
         if cfg[key] < 0:
             raise ConfigError(f"{key}={cfg[key]} is not allowed: use a number of seconds, or 0 for off")
-    _one_of("oom.action", cfg.oom.action, OOM_ACTIONS)
-    _positive("oom.max_shrinks", cfg.oom.max_shrinks)
-    _positive("oom.within_steps", cfg.oom.within_steps)
-    if trainer.get("gradient_clip_algorithm") is not None:  # None: Lightning's default, norm
-        _one_of("trainer.gradient_clip_algorithm", trainer.gradient_clip_algorithm, ("norm", "value"))
     if trainer.get("gradient_clip_val") is not None and trainer.gradient_clip_val < 0:
         raise ConfigError(
             f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
@@ -195,9 +200,6 @@ def check_runtime_options(cfg: DictConfig) -> None:
             f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"
         )
     tune = cfg.tune
-    _one_of("tune.mode", tune.mode, TUNE_MODES)
-    for key in ("init_val", "max_trials", "steps_per_trial", "max_val"):
-        _positive(f"tune.{key}", tune[key])
     global_batch = cfg.global_batch_size
     if tune.batch_size and global_batch is not None:
         raise ConfigError(
@@ -215,8 +217,6 @@ def check_runtime_options(cfg: DictConfig) -> None:
 
 def check_eval(cfg: DictConfig, program: str = "litlab-eval") -> None:
     """Rules of an eval (or predict) config. Raises ConfigError."""
-    import zipfile
-
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError(f"ckpt_path is required: {program} ckpt_path=<run dir>/checkpoints/last.ckpt")
     path = str(cfg.ckpt_path)
@@ -229,43 +229,31 @@ def check_eval(cfg: DictConfig, program: str = "litlab-eval") -> None:
         )
 
 
-def _check_no_missing_values(cfg: DictConfig) -> None:
-    """A ``???`` left in a config (``data.root`` of data=image_folder) must be set by the user: say
-    which key, before anything tries to read it. (The storage check names storage.root itself.)"""
-
-    def walk(node: Any, path: str) -> None:
-        keys = range(len(node)) if OmegaConf.is_list(node) else list(node.keys())
-        for key in keys:
-            child = node._get_node(key)
-            name = f"{path}{key}"
-            if child is None or child._is_interpolation() or name.startswith(("hydra", "storage")):
-                continue
-            if child._is_missing():
-                raise ConfigError(f"{name} is required: set it, e.g. {name}=...")
-            if OmegaConf.is_config(child):
-                walk(child, f"{name}.")
-
-    walk(cfg, "")
+def _check_no_missing_values(node: Any, path: str = "") -> None:
+    """A ``???`` left in a config (``data.root`` of data=image_folder): say which key, before anything
+    reads it (the storage check names storage.root itself)."""
+    for key in range(len(node)) if OmegaConf.is_list(node) else list(node.keys()):
+        child, name = node._get_node(key), f"{path}{key}"
+        if child is None or child._is_interpolation() or name.startswith(("hydra", "storage")):
+            continue
+        if child._is_missing():
+            raise ConfigError(f"{name} is required: set it, e.g. {name}=...")
+        if OmegaConf.is_config(child):
+            _check_no_missing_values(child, f"{name}.")
 
 
 def _check_no_added_keys(cfg: DictConfig, prefix: str = "") -> None:
     """``+oom.foo=1`` adds a key even to a typed node; only typos do that, so refuse them.
     (Your groups have no schema: their keys are checked against their ``_target_``'s signature.)"""
     schema_type = OmegaConf.get_type(cfg)
-    allowed = (
-        {f.name for f in dataclasses.fields(schema_type)} if dataclasses.is_dataclass(schema_type) else None
-    )
+    allowed = allowed_keys(schema_type)
     for key in cfg:
         name = f"{prefix}{key}"
         if name == "hydra":
             continue
-        if allowed is not None and key not in allowed:
-            public = ", ".join(sorted(k for k in allowed if not k.startswith("_")))
-            raise ConfigError(f"unknown key '{name}': allowed keys are {public}")
+        if allowed and key not in {f.name for f in dataclasses.fields(schema_type)}:
+            raise ConfigError(f"unknown key '{name}': {allowed}")
         node = cfg._get_node(key)
-        if (
-            OmegaConf.is_dict(node)
-            and not OmegaConf.is_missing(cfg, key)
-            and dataclasses.is_dataclass(OmegaConf.get_type(node))
-        ):
+        typed = OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+        if typed and not OmegaConf.is_missing(cfg, key):
             _check_no_added_keys(node, f"{name}.")

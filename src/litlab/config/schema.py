@@ -1,9 +1,8 @@
-"""Types of litlab's own settings, registered in Hydra's ConfigStore: checked while the config is composed.
+"""Types of litlab's own settings (no ``_target_``), in Hydra's ConfigStore: checked while composing.
 
-Only settings with no ``_target_`` have a type here (the top-level keys, precision, storage, oom, tune,
-paths); every ``_target_`` node, ``trainer`` included, is checked against its target's signature
-(``litlab.config.signatures``), and rules types cannot express are in ``litlab.config.rules``. Every
-field is MISSING: the values live in the YAML files. Nothing here imports torch.
+``_target_`` nodes, ``trainer`` included, are checked against their target's signature
+(``litlab.config.signatures``), and what a type cannot say (one of a few names, a positive number)
+by ``litlab.config.rules``. Every field is MISSING: the values live in the YAML files.
 """
 
 from __future__ import annotations
@@ -16,13 +15,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 @dataclass
-class PrecisionConfig:
+class _PrecisionConfig:
     name: str = MISSING
     value: str = MISSING  # a Lightning precision string (rules.PRECISION_VALUES)
 
 
 @dataclass
-class StorageConfig:
+class _StorageConfig:
     name: str = MISSING
     root: str = MISSING  # a path or fsspec URL
     create_root: bool = MISSING  # false for mounted drives: a missing mount point is an error
@@ -30,7 +29,7 @@ class StorageConfig:
 
 
 @dataclass
-class ObjectStorageConfig(StorageConfig):
+class _ObjectStorageConfig(_StorageConfig):
     # No key or secret fields: credentials come only from the environment / the provider's chain.
     endpoint_url: str | None = MISSING
     check_timeout_s: float = MISSING
@@ -39,33 +38,33 @@ class ObjectStorageConfig(StorageConfig):
 
 
 @dataclass
-class S3StorageConfig(ObjectStorageConfig):
+class _S3StorageConfig(_ObjectStorageConfig):
     region: str | None = MISSING
 
 
 @dataclass
-class GCSStorageConfig(ObjectStorageConfig):
+class _GCSStorageConfig(_ObjectStorageConfig):
     project: str | None = MISSING
 
 
 @dataclass
-class AzureStorageConfig(ObjectStorageConfig):
+class _AzureStorageConfig(_ObjectStorageConfig):
     account_name: str | None = MISSING  # the storage account (not a secret); null: from the environment
 
 
 @dataclass
-class OomConfig:
-    action: str = MISSING  # rules.OOM_ACTIONS
+class _OomConfig:
+    action: str = MISSING  # fail or auto_shrink
     max_shrinks: int = MISSING  # auto_shrink: halvings of the micro-batch at most
     within_steps: int = MISSING  # auto_shrink: only an OOM before this many optimizer steps is retried
 
 
 @dataclass
-class TuneConfig:
+class _TuneConfig:
     """Lightning's batch-size finder (``lightning.pytorch.tuner.Tuner.scale_batch_size``)."""
 
     batch_size: bool = MISSING
-    mode: str = MISSING  # rules.TUNE_MODES
+    mode: str = MISSING  # power or binsearch
     init_val: int = MISSING
     max_trials: int = MISSING
     steps_per_trial: int = MISSING
@@ -73,29 +72,27 @@ class TuneConfig:
 
 
 @dataclass
-class PathsConfig:
+class _PathsConfig:
     root_dir: str = MISSING
     log_dir: str = MISSING
     output_dir: str = MISSING
 
 
 @dataclass
-class TrainConfig:
-    """configs/train.yaml over the engine's defaults (src/litlab/conf/litlab_train.yaml). ``model``, ``data``,
-    ``optimizer``, ``scheduler`` are your groups: any keys their ``_target_`` accepts (config.signatures)."""
+class _TrainConfig:
+    """configs/train.yaml over the engine's defaults (src/litlab/conf/litlab_train.yaml)."""
 
-    # Checked against lightning.Trainer's and the strategy's signature (litlab.config.signatures).
     trainer: Any = MISSING
     strategy: Any = MISSING
-    precision: PrecisionConfig = MISSING
+    precision: _PrecisionConfig = MISSING
     callbacks: dict[str, Any] = MISSING
-    storage: StorageConfig = MISSING
+    storage: _StorageConfig = MISSING
     data: Any = MISSING
     model: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     logger: dict[str, Any] = MISSING
-    paths: PathsConfig = MISSING
+    paths: _PathsConfig = MISSING
     task_name: str = MISSING
     experiment_name: str = MISSING
     run_name: str | None = MISSING
@@ -106,18 +103,18 @@ class TrainConfig:
     test_after_fit: bool = MISSING
     optimized_metric: str | None = MISSING  # null: the module logs none (docs/contract.md)
     optimized_metric_mode: str = MISSING  # min or max
-    on_nonfinite: str = MISSING  # rules.NONFINITE_ACTIONS
+    on_nonfinite: str = MISSING  # fail or skip
     hang_timeout: float = MISSING  # seconds without progress before the run ends; 0: off
     preempt_grace: float = MISSING  # seconds after SIGTERM to reach a batch boundary
-    oom: OomConfig = MISSING
-    tune: TuneConfig = MISSING
+    oom: _OomConfig = MISSING
+    tune: _TuneConfig = MISSING
 
 
 @dataclass
-class EvalConfig:
+class _EvalConfig:
     """configs/eval.yaml."""
 
-    paths: PathsConfig = MISSING
+    paths: _PathsConfig = MISSING
     task_name: str = MISSING
     ckpt_path: str = MISSING
     accelerator: str = MISSING
@@ -125,7 +122,7 @@ class EvalConfig:
 
 
 @dataclass
-class PredictConfig(EvalConfig):
+class _PredictConfig(_EvalConfig):
     """configs/predict.yaml: eval's settings, Lightning's strategy and nodes, and ``data=NAME``."""
 
     strategy: str = MISSING
@@ -140,28 +137,20 @@ def register() -> None:
     resolvers.register()
     store = ConfigStore.instance()
     store.store(name="litlab_train_schema", node=_train_schema())
-    store.store(name="litlab_eval_schema", node=EvalConfig)
-    store.store(name="litlab_predict_schema", node=PredictConfig)
-    options = {
-        "precision": {"default": PrecisionConfig},
-        "oom": {"default": OomConfig},
-        "storage": {
-            "default": StorageConfig,
-            "s3": S3StorageConfig,
-            "gcs": GCSStorageConfig,
-            "azure": AzureStorageConfig,
-        },
-    }
-    for group, schemas in options.items():
-        for name, node in schemas.items():
-            store.store(group=f"schema/{group}", name=name, node=node, package=group)
+    store.store(name="litlab_eval_schema", node=_EvalConfig)
+    store.store(name="litlab_predict_schema", node=_PredictConfig)
+    schemas = [("precision", "default", _PrecisionConfig), ("oom", "default", _OomConfig)]
+    schemas += [("storage", "default", _StorageConfig), ("storage", "s3", _S3StorageConfig)]
+    schemas += [("storage", "gcs", _GCSStorageConfig), ("storage", "azure", _AzureStorageConfig)]
+    for group, name, node in schemas:
+        store.store(group=f"schema/{group}", name=name, node=node, package=group)
 
 
 def _train_schema() -> DictConfig:
-    """TrainConfig with an open ``trainer`` node. Hydra closes the whole config before it applies the
+    """_TrainConfig with an open ``trainer`` node. Hydra closes the whole config before it applies the
     command line; a node's own flag wins over its parent's, so ``trainer.sync_batchnorm=true`` can
     set any lightning.Trainer argument that the YAML does not name (the signature check refuses typos)."""
-    node = OmegaConf.structured(TrainConfig)
+    node = OmegaConf.structured(_TrainConfig)
     node.trainer = {}
     OmegaConf.set_struct(node.trainer, False)
     return node

@@ -1,10 +1,9 @@
 """Keys of every ``_target_`` node checked against its target's signature, before anything runs.
 
-As LightningCLI does, for your groups and the engine's, and for ``trainer`` against
-``lightning.Trainer`` (``IMPLIED_TARGETS``): a typo fails in one line naming the key, its file and the
-accepted keys, and a value is checked against a plain annotation. The signature is read from the
-target's source with ``ast``, without importing torch, and imported only where the source cannot tell.
-A ``**kwargs`` target accepts any key unless ``KEYWORDS_PASSED_ON`` names where its keywords go.
+As LightningCLI does, ``trainer`` included (against ``lightning.Trainer``): a typo fails in one line
+naming the key, its file and the accepted keys, and a value is checked against a plain annotation. The
+signature is read from the target's source with ``ast``, so that a typo fails before torch loads;
+the target is imported only where its source cannot tell.
 """
 
 from __future__ import annotations
@@ -12,9 +11,11 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litlab.config.rules import ConfigError
 
-# Engine groups with a typed schema (litlab.config.schema): checked when composed, not here.
-SCHEMA_GROUPS = ("precision", "storage", "paths", "oom", "tune")
-# Nodes without a ``_target_`` key that litlab passes to one class as its keyword arguments.
-IMPLIED_TARGETS = {"trainer": "lightning.Trainer"}
-# Keys litlab reads itself in a ``_target_`` node, never passed to the target.
-ENGINE_KEYS = {"strategy": ("name",)}
+# Hydra's node, and the engine's typed groups (litlab.config.schema: checked when composed).
+_NOT_CHECKED = ("hydra", "precision", "storage", "paths", "oom", "tune")
+_IMPLIED_TARGETS = {"trainer": "lightning.Trainer"}  # no `_target_`: litlab passes them to this class
+_ENGINE_KEYS = {"strategy": ("name",)}  # read by litlab itself, never passed to the target
 # lightning.Trainer arguments that litlab passes itself (a trainer key would pass them twice).
 SET_BY_LITLAB = {
     "strategy": "from the strategy group: choose strategy=NAME",
@@ -52,24 +51,14 @@ KEYWORDS_PASSED_ON = {
         ("module", "device_id"),
     ),
 }
-# Decorators of an ``__init__`` that keep its signature (functools.wraps): Lightning's, which reads
-# the Trainer's defaults from PL_TRAINER_* environment variables.
-SIGNATURE_KEEPING_DECORATORS = ("_defaults_from_env_vars",)
-# Keys that Hydra's instantiate reads itself.
+# Decorators of an ``__init__`` that keep its signature: Lightning's, for PL_TRAINER_* defaults.
+_SIGNATURE_KEEPING_DECORATORS = ("_defaults_from_env_vars",)
 _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
-_PLAIN_TYPES = {
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "str": str,
-    "list": list,
-    "List": list,
-    "tuple": tuple,
-    "Tuple": tuple,
-    "dict": dict,
-    "Dict": dict,
-    "None": type(None),
-}
+_PLAIN_TYPES = {t.__name__: t for t in (int, float, bool, str, list, tuple, dict)}
+_PLAIN_TYPES |= {"List": list, "Tuple": tuple, "Dict": dict}
+
+_Definition = tuple[ast.stmt, str]  # a class or function, and the module it is defined in
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @dataclass(frozen=True)
@@ -87,42 +76,39 @@ def check(cfg: DictConfig, overrides: list[str], config_dirs: list[Path]) -> Non
     or whose value its annotation refuses."""
     where = functools.partial(_where, cfg, overrides=overrides, config_dirs=config_dirs)
     for path, node, target in _target_nodes(cfg):
-        engine_keys = ENGINE_KEYS.get(path, ())
+        engine_keys = _ENGINE_KEYS.get(path, ())
         if target is None:  # `_target_: null` (strategy=auto): nothing is built from it
-            for key in node:
-                if str(key) not in _HYDRA_KEYS and str(key) not in engine_keys:
-                    full_key = f"{path}.{key}"
-                    raise ConfigError(
-                        f"unknown key '{full_key}' {where(full_key)}: {path} has _target_ null (nothing "
-                        f"is built from it), so it takes only {', '.join(engine_keys) or 'no keys'}"
-                    )
-            continue
-        if not isinstance(target, str) or not target:
+            key = next((f"{path}.{k}" for k in node if k not in _HYDRA_KEYS + engine_keys), None)
+            if key:
+                raise ConfigError(
+                    f"unknown key '{key}' {where(key)}: {path} has _target_ null (nothing is built "
+                    f"from it), so it takes only {', '.join(engine_keys) or 'no keys'}"
+                )
             continue
         try:
-            signature = signature_of(target)
+            signature = signature_of(target) if isinstance(target, str) and target else None
         except (ImportError, AttributeError) as error:
             raise ConfigError(
                 f"{path}._target_={target} {where(f'{path}._target_')} "
                 f"cannot be imported ({type(error).__name__}: {error}): check the module and class name"
             ) from None
-        if signature is None:
-            continue
-        for key in node:
-            key = str(key)
+        for key in map(str, node) if signature else ():
             full_key = f"{path}.{key}"
             if path == "trainer" and key in SET_BY_LITLAB:
                 raise ConfigError(
                     f"'{full_key}' {where(full_key)} is not allowed: litlab passes {target} its {key} "
                     f"{SET_BY_LITLAB[key]}"
                 )
-            if (key in _HYDRA_KEYS and path not in IMPLIED_TARGETS) or key in engine_keys:
+            if (key in _HYDRA_KEYS and path not in _IMPLIED_TARGETS) or key in engine_keys:
                 continue
             if key in signature.names:
-                _check_type(node, key, full_key, target, signature, where)
+                _check_type(node, key, full_key, target, signature.types.get(key), where)
             elif not signature.any_keyword:
-                accepted = ", ".join(_accepted(path, signature)) or "no arguments"
-                raise ConfigError(f"unknown key '{full_key}' {where(full_key)}: {target} accepts {accepted}")
+                accepted = [n for n in signature.names if not (path == "trainer" and n in SET_BY_LITLAB)]
+                raise ConfigError(
+                    f"unknown key '{full_key}' {where(full_key)}: {target} accepts "
+                    f"{', '.join(accepted) or 'no arguments'}"
+                )
 
 
 def check_metric_is_logged(cfg: DictConfig) -> None:
@@ -130,16 +116,18 @@ def check_metric_is_logged(cfg: DictConfig) -> None:
     ``optimized_metric``: every name they pass to ``self.log`` (``pl_module.log``) is text or an f-string
     (``f"{split}/acc"`` stands for any split), and none matches. Silent where the source cannot tell."""
     metric, logged = cfg.get("optimized_metric"), []
+    if metric is None:
+        return
     parts = [(cfg.model, "self"), *((c, "pl_module") for c in cfg.callbacks.values() if c is not None)]
     for node, owner in parts:
         target = node.get("_target_") if OmegaConf.is_dict(node) else None
         module, _, name = str(target).rpartition(".")
-        found = _definition(module, name, 0) if target and module else None
+        found = _definition(module, name) if target and module else None
         names = _logged_names(found, owner) if found and isinstance(found[0], ast.ClassDef) else []
         if names is None or (owner == "self" and not names):  # a module that logs nothing itself: helpers
             return
         logged += names
-    if metric is None or any(re.fullmatch(pattern, metric) for pattern, _ in logged):
+    if any(re.fullmatch(pattern, metric) for pattern, _ in logged):
         return
     raise ConfigError(
         f"optimized_metric={metric} is logged nowhere: {cfg.model._target_} logs "
@@ -148,12 +136,11 @@ def check_metric_is_logged(cfg: DictConfig) -> None:
     )
 
 
-def _logged_names(found: Definition, owner: str, depth: int = 0) -> list[tuple[str, str]] | None:
+def _logged_names(found: _Definition, owner: str, depth: int = 0) -> list[tuple[str, str]] | None:
     """(a pattern, as written) for each ``owner.log(name, ...)`` of a class and its bases up to
     Lightning's; None where a name is neither text nor an f-string, or a base is not found."""
-    node, module, tree, is_package = found
     names = []
-    for call in ast.walk(node):
+    for call in ast.walk(found[0]):
         function = call.func if isinstance(call, ast.Call) else None
         if not (isinstance(function, ast.Attribute) and getattr(function.value, "id", None) == owner):
             continue
@@ -166,54 +153,31 @@ def _logged_names(found: Definition, owner: str, depth: int = 0) -> list[tuple[s
             parts = name.values if isinstance(name, ast.JoinedStr) else [name]
             pattern = "".join(re.escape(str(p.value)) if isinstance(p, ast.Constant) else ".+" for p in parts)
             names.append((pattern, ast.unparse(name).removeprefix("f")[1:-1]))
-    for base in node.bases:
-        if _decorator_name(base) in ("LightningModule", "Callback"):
+    for base, definition in _bases(found, depth):
+        if _name(base) in ("LightningModule", "Callback"):
             continue
-        found = _base(base, module, tree, is_package, depth)
-        more = (
-            _logged_names(found, owner, depth + 1) if found and isinstance(found[0], ast.ClassDef) else None
-        )
+        more = _logged_names(definition, owner, depth + 1) if definition else None
         if more is None:
             return None
         names += more
     return names
 
 
-def _accepted(path: str, signature: Signature) -> list[str]:
-    """The keys a node at ``path`` may set: its target's arguments less those litlab passes itself."""
-    return [name for name in signature.names if not (path == "trainer" and name in SET_BY_LITLAB)]
-
-
-def _check_type(
-    node: DictConfig, key: str, full_key: str, target: str, signature: Signature, where: Any
-) -> None:
+def _check_type(node: DictConfig, key: str, full_key: str, target: str, allowed: Any, where: Any) -> None:
     """A value its argument's plain annotation refuses (``trainer.max_epochs=abc``): one line."""
-    allowed = signature.types.get(key)
     child = node._get_node(key)
     if not allowed or child is None or child._is_interpolation() or child._is_missing():
         return
-    if isinstance(child, DictConfig):
-        if "_target_" in child:  # built into an object first: its own node is checked
-            return
-        value: Any = dict(child)
-    elif isinstance(child, ListConfig):
-        value = list(child)
-    else:
-        value = child._value()
-    if not _type_allows(allowed, value):
-        shown = OmegaConf.to_container(child) if OmegaConf.is_config(child) else _yaml(value)
-        names = " or ".join([*sorted(t.__name__ for t in allowed if t is not type(None)), "None"])
-        names = names if type(None) in allowed else names.removesuffix(" or None")
-        raise ConfigError(
-            f"{full_key}={shown} {where(full_key)} is not allowed: {target} takes {key} as {names}"
-        )
-
-
-def _yaml(value: Any) -> str:
-    """A plain value as it is written in YAML and on the command line."""
-    if value is None:
-        return "null"
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(child, DictConfig) and "_target_" in child:  # built into an object first: checked itself
+        return
+    value = OmegaConf.to_container(child) if OmegaConf.is_config(child) else child._value()
+    if _type_allows(allowed, value):
+        return
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value  # YAML's
+    names = [*sorted(t.__name__ for t in allowed - {type(None)}), *["None"] * (type(None) in allowed)]
+    raise ConfigError(
+        f"{full_key}={shown} {where(full_key)} is not allowed: {target} takes {key} as {' or '.join(names)}"
+    )
 
 
 def _type_allows(allowed: frozenset[type], value: Any) -> bool:
@@ -226,36 +190,21 @@ def _type_allows(allowed: frozenset[type], value: Any) -> bool:
     return any(isinstance(value, kind) for kind in allowed if kind is not bool)
 
 
-def _target_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig, Any]]:
-    """(dotted path, node, target) of every ``_target_`` node and ``IMPLIED_TARGETS`` node outside
-    the schema groups and ``hydra``. Nodes reached through an interpolation (``optimizer:
-    ${optimizer}``) are checked where they are."""
-    found: list[tuple[str, DictConfig, Any]] = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, DictConfig):
-            if path in IMPLIED_TARGETS:  # built by litlab itself: a `_target_` key there is unknown too
-                found.append((path, node, IMPLIED_TARGETS[path]))
-            elif "_target_" in node:
-                found.append((path, node, node.get("_target_")))
-            items = [(str(k), node._get_node(k)) for k in node]
-        elif isinstance(node, ListConfig):
-            items = [(str(i), node._get_node(i)) for i in range(len(node))]
-        else:
-            return
-        for key, child in items:
-            if child is None or child._is_interpolation() or child._is_missing():
-                continue
-            walk(child if isinstance(child, (DictConfig, ListConfig)) else None, f"{path}.{key}")
-
-    for key in cfg:
-        key = str(key)
-        if key == "hydra" or key in SCHEMA_GROUPS:
-            continue
-        child = cfg._get_node(key)
+def _target_nodes(node: Any, path: str = "") -> Iterator[tuple[str, DictConfig, Any]]:
+    """(dotted path, node, target) of every ``_target_`` node and ``trainer`` outside the schema groups
+    and ``hydra``. Nodes reached through an interpolation (``${optimizer}``) are checked where they are."""
+    if isinstance(node, DictConfig):
+        if path in _IMPLIED_TARGETS:  # built by litlab itself: a `_target_` key there is unknown too
+            yield path, node, _IMPLIED_TARGETS[path]
+        elif "_target_" in node:
+            yield path, node, node.get("_target_")
+        keys = [k for k in node if path or str(k) not in _NOT_CHECKED]
+    else:
+        keys = range(len(node)) if isinstance(node, ListConfig) else []
+    for key in keys:
+        child = node._get_node(key)
         if child is not None and not child._is_interpolation() and not child._is_missing():
-            walk(child, key)
-    return found
+            yield from _target_nodes(child, f"{path}.{key}" if path else str(key))
 
 
 def _where(cfg: DictConfig, full_key: str, overrides: list[str], config_dirs: list[Path]) -> str:
@@ -268,17 +217,12 @@ def _where(cfg: DictConfig, full_key: str, overrides: list[str], config_dirs: li
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     group = full_key.split(".", 1)[0]
     # Files of `# @package _global_` groups can set any key; the group's own option file comes last.
-    for name, relative in [
-        (g, full_key) for g in ("experiment", "debug", "hparams_search", "sweep", "local")
-    ] + [(group, full_key.split(".", 1)[1])]:
-        choice = choices.get(name)
-        if not choice:
-            continue
-        for config_dir in config_dirs:
-            file = config_dir / name / f"{choice}.yaml"
-            if file.is_file() and (name == group or _file_sets(file, relative)):
+    for name in ("experiment", "debug", "hparams_search", "sweep", "local", group):
+        for config_dir in config_dirs if choices.get(name) else ():
+            file = config_dir / name / f"{choices[name]}.yaml"
+            if file.is_file() and (name == group or _file_sets(file, full_key)):
                 return f"in {_shown(file)}"
-    return f"in {group}={choices.get(group)}" if choices.get(group) else ""
+    return f"in {group}={choices[group]}" if choices.get(group) else ""
 
 
 def _file_sets(file: Path, key: str) -> bool:
@@ -296,7 +240,7 @@ def _shown(file: Path) -> str:
         return str(file)
 
 
-# --- signatures ------------------------------------------------------------------------------
+# --- signatures, read from source ------------------------------------------------------------
 
 
 @functools.cache
@@ -330,6 +274,15 @@ def _from_import(module: str, name: str) -> Signature | None:
     return Signature(names, any(p.kind is p.VAR_KEYWORD for p in parameters))
 
 
+def _from_source(module: str, name: str, depth: int) -> Signature | None:
+    found = _definition(module, name, depth)
+    if found is None:
+        return None
+    if isinstance(found[0], ast.ClassDef):
+        return _class(found, depth)
+    return None if found[0].decorator_list else _arguments(found[0].args, skip_first=False)
+
+
 def module_file(module: str) -> Path | None:
     """The source file of ``module`` (a package's ``__init__.py``), found without importing it."""
     parts = module.split(".")
@@ -337,21 +290,10 @@ def module_file(module: str) -> Path | None:
         spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not executed
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin is None:
-        return None
-    origin, locations = Path(spec.origin), list(spec.submodule_search_locations or [])
-    for part in parts[1:]:
-        for location in locations:
-            package, plain = Path(location) / part / "__init__.py", Path(location) / f"{part}.py"
-            if package.is_file():
-                origin, locations = package, [str(package.parent)]
-                break
-            if plain.is_file():
-                origin, locations = plain, []
-                break
-        else:
-            return None
-    return origin if origin.suffix == ".py" else None
+    for part in parts[1:]:  # searched in its package's folders: find_spec would import the package
+        folders = spec and spec.origin and spec.submodule_search_locations
+        spec = importlib.machinery.PathFinder.find_spec(f"{spec.name}.{part}", folders) if folders else None
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
 def parsed(path: Path) -> ast.Module:
@@ -369,52 +311,6 @@ def _module_tree(module: str) -> tuple[ast.Module, bool] | None:
     return (parsed(origin), origin.name == "__init__.py") if origin else None
 
 
-def _top_level(tree: ast.Module) -> list[ast.stmt]:
-    """Statements at module level, including those inside ``if``/``try`` blocks there."""
-    statements: list[ast.stmt] = []
-    pending = list(tree.body)
-    while pending:
-        statement = pending.pop(0)
-        statements.append(statement)
-        if isinstance(statement, ast.If):
-            pending[:0] = statement.body + statement.orelse
-        elif isinstance(statement, ast.Try):
-            pending[:0] = statement.body + statement.orelse + statement.finalbody
-    return statements
-
-
-Definition = tuple[ast.stmt, str, ast.Module, bool]  # a class or function, its module, tree, package
-
-
-def _definition(module: str, name: str, depth: int) -> Definition | None:
-    """Where ``module.name`` is defined in source (following ``from ... import``), without importing it."""
-    parsed = _module_tree(module) if depth < 10 else None
-    if parsed is None:
-        return None
-    tree, is_package = parsed
-    for statement in _top_level(tree):
-        if (
-            isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and statement.name == name
-        ):
-            return statement, module, tree, is_package
-        if isinstance(statement, ast.ImportFrom):
-            for alias in statement.names:
-                if (alias.asname or alias.name) == name:
-                    source = imported_module(module, is_package, statement)
-                    return _definition(source, alias.name, depth + 1) if source else None
-    return None
-
-
-def _from_source(module: str, name: str, depth: int) -> Signature | None:
-    found = _definition(module, name, depth)
-    if found is None:
-        return None
-    if isinstance(found[0], ast.ClassDef):
-        return _class(*found, depth)
-    return None if found[0].decorator_list else _arguments(found[0].args, skip_first=False)
-
-
 def imported_module(module: str, is_package: bool, statement: ast.ImportFrom) -> str | None:
     """The absolute name of the module a ``from ... import`` statement of ``module`` reads."""
     if not statement.level:
@@ -426,66 +322,78 @@ def imported_module(module: str, is_package: bool, statement: ast.ImportFrom) ->
     return ".".join(base + ([statement.module] if statement.module else []))
 
 
-def _class(
-    node: ast.ClassDef, module: str, tree: ast.Module, is_package: bool, depth: int
-) -> Signature | None:
+def _top_level(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements at module level, including those inside ``if``/``try`` blocks there."""
+    for statement in statements:
+        yield statement
+        if isinstance(statement, (ast.If, ast.Try)):
+            yield from _top_level(statement.body + statement.orelse + getattr(statement, "finalbody", []))
+
+
+def _definition(module: str, name: str, depth: int = 0) -> _Definition | None:
+    """Where ``module.name`` is defined in source, following imports, without importing it; ``name``
+    may go through an imported module (``nn.Module``)."""
+    tree = _module_tree(module) if depth < 10 else None
+    if tree is None:
+        return None
+    head, _, rest = name.partition(".")
+    for statement in _top_level(tree[0].body):
+        if isinstance(statement, (*_FUNCTIONS, ast.ClassDef)) and statement.name == name:
+            return statement, module
+        for alias in statement.names if isinstance(statement, (ast.Import, ast.ImportFrom)) else []:
+            if (alias.asname or alias.name) != head:
+                continue
+            if isinstance(statement, ast.Import):  # `import torch.nn as nn`: nn.Module
+                return _definition(alias.name, rest, depth + 1) if rest else None
+            source = imported_module(module, tree[1], statement)
+            if source and rest:  # `from torch import nn`: nn.Module
+                return _definition(f"{source}.{alias.name}", rest, depth + 1)
+            return _definition(source, alias.name, depth + 1) if source else None
+    return None
+
+
+def _bases(found: _Definition, depth: int) -> Iterator[tuple[ast.expr, _Definition | None]]:
+    """Each base of a class, and where it is defined (None where the source does not tell)."""
+    for base in found[0].bases:
+        name = ast.unparse(base) if isinstance(base, (ast.Name, ast.Attribute)) else None
+        definition = _definition(found[1], name, depth + 1) if name else None
+        yield base, definition if definition and isinstance(definition[0], ast.ClassDef) else None
+
+
+def _class(found: _Definition, depth: int) -> Signature | None:
+    node = found[0]
     if node.decorator_list:  # a dataclass or a decorator that may change the signature: import it
         return None
-    for method in ("__init__", "__new__"):
-        for statement in node.body:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == method:
-                if any(
-                    _decorator_name(d) not in SIGNATURE_KEEPING_DECORATORS for d in statement.decorator_list
-                ):
-                    return None
-                return _arguments(statement.args, skip_first=True)
-    for base in node.bases:  # no __init__ of its own: the first base that defines one
-        found = _base(base, module, tree, is_package, depth)
-        signature = _class(*found, depth + 1) if found and isinstance(found[0], ast.ClassDef) else None
-        if signature is not None:
-            return signature
-    return None
+    methods = {s.name: s for s in node.body if isinstance(s, _FUNCTIONS)}
+    method = methods.get("__init__") or methods.get("__new__")
+    if method is not None:
+        if any(_name(d) not in _SIGNATURE_KEEPING_DECORATORS for d in method.decorator_list):
+            return None
+        return _arguments(method.args, skip_first=True)
+    # No __init__ of its own: the first base that defines one.
+    inherited = (_class(definition, depth + 1) for _, definition in _bases(found, depth) if definition)
+    return next((signature for signature in inherited if signature is not None), None)
 
 
-def _decorator_name(decorator: ast.expr) -> str | None:
-    if isinstance(decorator, ast.Call):
-        decorator = decorator.func
-    if isinstance(decorator, ast.Name):
-        return decorator.id
-    return decorator.attr if isinstance(decorator, ast.Attribute) else None
-
-
-def _base(base: ast.expr, module: str, tree: ast.Module, is_package: bool, depth: int) -> Definition | None:
-    if isinstance(base, ast.Name):
-        return _definition(module, base.id, depth + 1)
-    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):  # nn.Module, L.LightningModule
-        alias = base.value.id
-        for statement in _top_level(tree):
-            imports = statement.names if isinstance(statement, (ast.Import, ast.ImportFrom)) else []
-            for imported in imports:
-                if (imported.asname or imported.name) != alias:
-                    continue
-                if isinstance(statement, ast.Import):
-                    return _definition(imported.name, base.attr, depth + 1)
-                source = imported_module(module, is_package, statement)
-                return _definition(f"{source}.{imported.name}", base.attr, depth + 1) if source else None
-    return None
+def _name(node: ast.expr) -> str | None:
+    """The last name of a decorator, a base or an annotation (``functools.wraps(f)``: wraps)."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
 
 
 def _arguments(arguments: ast.arguments, skip_first: bool) -> Signature:
     positional = arguments.posonlyargs + arguments.args
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
-    pairs = list(zip(positional, defaults + arguments.defaults, strict=True))[1 if skip_first else 0 :]
-    pairs = [(a, d) for a, d in pairs if a not in arguments.posonlyargs]  # not passed by name
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    # Positional-only arguments (and self) are not passed by name.
+    pairs = list(zip(positional, defaults, strict=True))[max(len(arguments.posonlyargs), int(skip_first)) :]
     pairs += list(zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True))
     types = {}
     for argument, default in pairs:
         allowed = _annotation_types(argument.annotation)
-        if (
-            argument.annotation is None
-            and isinstance(default, ast.Constant)
-            and isinstance(default.value, bool)
-        ):
+        if argument.annotation is None and isinstance(getattr(default, "value", None), bool):
             allowed = frozenset({bool})  # `static_graph=False`: a switch
         if allowed is not None:
             none_default = isinstance(default, ast.Constant) and default.value is None
@@ -496,38 +404,22 @@ def _arguments(arguments: ast.arguments, skip_first: bool) -> Signature:
 def _annotation_types(annotation: ast.expr | None) -> frozenset[type] | None:
     """The plain types an annotation allows (``Optional[int]``: int and None); None when it names
     anything else, so that the value is not checked (``Union[str, timedelta]``, a class, an alias)."""
-    if isinstance(annotation, ast.Constant):
-        if annotation.value is None:
-            return frozenset({type(None)})
-        if isinstance(annotation.value, str):  # a quoted annotation
-            try:
-                return _annotation_types(ast.parse(annotation.value, mode="eval").body)
-            except SyntaxError:
-                return None
-        return None
-    if isinstance(annotation, (ast.Name, ast.Attribute)):
-        plain = _PLAIN_TYPES.get(_decorator_name(annotation) or "")
-        return frozenset({plain}) if plain else None
-    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
-        return _union([annotation.left, annotation.right])
-    if isinstance(annotation, ast.Subscript):
-        outer = _decorator_name(annotation.value)
-        inner = annotation.slice
-        members = inner.elts if isinstance(inner, ast.Tuple) else [inner]
-        if outer == "Optional":
-            return _union([*members, ast.Constant(None)])
-        if outer == "Union":
-            return _union(members)
-        if outer in _PLAIN_TYPES:  # list[int]: a list (its items are not checked)
-            return frozenset({_PLAIN_TYPES[outer]})
-    return None
-
-
-def _union(members: list[ast.expr]) -> frozenset[type] | None:
-    allowed: set[type] = set()
-    for member in members:
-        types = _annotation_types(member)
-        if types is None:
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a quoted annotation
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
             return None
-        allowed |= types
-    return frozenset(allowed)
+    if isinstance(annotation, ast.Constant):
+        return frozenset({type(None)}) if annotation.value is None else None
+    outer = _name(annotation.value) if isinstance(annotation, ast.Subscript) else None
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        members = [annotation.left, annotation.right]
+    elif outer in ("Optional", "Union"):
+        inner = annotation.slice
+        members = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+        members += [ast.Constant(None)] if outer == "Optional" else []
+    else:  # `int`, or `list[int]`: a list (its items are not checked)
+        plain = _PLAIN_TYPES.get(outer or _name(annotation) or "")
+        return frozenset({plain}) if plain else None
+    types = [_annotation_types(member) for member in members]
+    return None if None in types else frozenset().union(*types)

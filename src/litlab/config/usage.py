@@ -1,8 +1,6 @@
 """The config groups that ``--help`` lists, through the ``litlab_config_groups`` resolver of Hydra's help
-template (src/litlab/conf/hydra/help/).
-
-The groups a user picks, with their options and the chosen one marked ``*``, read from the config
-search path only when help is asked for: a group or option added to configs/ shows up by itself.
+template (src/litlab/conf/hydra/help/): the groups a user picks, with their options and the chosen one
+marked ``*``, read from the config search path, so that a group or option added to configs/ shows up.
 """
 
 from __future__ import annotations
@@ -11,41 +9,18 @@ import sys
 
 from omegaconf import OmegaConf
 
-RESOLVER = "litlab_config_groups"
+_RESOLVER = "litlab_config_groups"
 # Groups in the order a user thinks of them: what runs, how it trains, where it goes, what it sweeps.
-ORDER = [
-    "data",
-    "model",
-    "optimizer",
-    "scheduler",
-    "experiment",
-    "trainer",
-    "precision",
-    "strategy",
-    "callbacks",
-    "logger",
-    "storage",
-    "oom",
-    "debug",
-    "sweep",
-    "hparams_search",
-    "hydra/launcher",
-]
+_ORDER = ["data", "model", "optimizer", "scheduler", "experiment", "trainer", "precision", "strategy"]
+_ORDER += ["callbacks", "logger", "storage", "oom", "debug", "sweep", "hparams_search", "hydra/launcher"]
 _NOT_PICKED = ("schema", "paths", "local", "hydra")
 
 
-def _picked(group: str) -> bool:
-    return group == "hydra/launcher" or group.split("/")[0] not in _NOT_PICKED
-
-
-def config_groups() -> str:
-    """The groups a user picks with ``GROUP=OPTION``, one line each, for the help template; empty
-    unless the command line asks for ``--help``.
-
-    omegaconf resolves the template whenever Hydra merges a config into it, so in every compose, not
-    only for ``--help``; listing the groups was most of a compose's time (docs/performance.md), and a
-    run started through Hydra's main composes three times (the preflight, its run mode, the job)."""
-    if not _help_asked():
+def _config_groups() -> str:
+    """The groups a user picks with ``GROUP=OPTION``, one line each; empty unless the command line asks
+    for ``--help``: omegaconf resolves the template in every compose, and listing the groups was most
+    of a compose's time (docs/performance.md)."""
+    if not any(arg in ("--help", "-h") for arg in sys.argv[1:]):  # Hydra reads the same sys.argv
         return ""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -54,26 +29,19 @@ def config_groups() -> str:
     if hydra is None:
         return ""
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    groups = [group for group in hydra.list_all_config_groups() if _picked(group)]
-    groups.sort(key=lambda group: (ORDER.index(group) if group in ORDER else len(ORDER), group))
+    every = hydra.list_all_config_groups()
+    groups = [g for g in every if g == "hydra/launcher" or g.split("/")[0] not in _NOT_PICKED]
+    groups.sort(key=lambda group: (_ORDER.index(group) if group in _ORDER else len(_ORDER), group))
     width = max((len(group) for group in groups), default=0)
     lines = []
     for group in groups:
-        chosen = choices.get(group)
-        options = [
-            f"{o}*" if o == chosen else o for o in sorted(hydra.config_loader.get_group_options(group))
-        ]
-        lines.append(f"  {group:<{width}}  {', '.join(options)}")
+        options = sorted(hydra.config_loader.get_group_options(group))
+        marked = [f"{o}*" if o == choices.get(group) else o for o in options]
+        lines.append(f"  {group:<{width}}  {', '.join(marked)}")
     return "\n".join(lines)
 
 
-def _help_asked() -> bool:
-    """Whether this command line asks Hydra for the app's help (Hydra reads the same ``sys.argv``)."""
-    return any(arg in ("--help", "-h") for arg in sys.argv[1:])
-
-
 def register() -> None:
-    """Make ``${litlab_config_groups:}`` available to the help templates (idempotent; called by
-    ``litlab.config.resolvers.register``, so wherever configs are composed)."""
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, config_groups, use_cache=False)
+    """Make ``${litlab_config_groups:}`` available to the help templates (idempotent)."""
+    if not OmegaConf.has_resolver(_RESOLVER):
+        OmegaConf.register_new_resolver(_RESOLVER, _config_groups, use_cache=False)

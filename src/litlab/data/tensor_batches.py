@@ -20,8 +20,7 @@ from litlab.errors import LitlabError
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """This process's rank and the number of ranks, from the process group when one exists (as
-    ``torch.utils.data.DistributedSampler`` finds them); 0 of 1 otherwise. Given values win."""
+    """This process's rank and the number of ranks: given values, else the process group's, else 0 of 1."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if rank is None:
         rank = torch.distributed.get_rank() if distributed else 0
@@ -56,18 +55,11 @@ def micro_batches_per_epoch(samples: int, batch_size: int, world_size: int) -> i
 
 
 class TensorBatches:
-    """Iterates batches of in-memory tensors (any number of them, indexed together along their first
-    dimension: (inputs, targets), (tokens,) ...), sharded across ranks: each rank finds its share
-    from the process group, as ``ResumableDataLoader`` does (``rank`` and ``world_size`` override it).
-    Shuffled (training) epochs hold whole global batches only (``WholeGlobalBatches``); unshuffled
-    (evaluation) ones every sample, each exactly once.
-
-    Shuffled order depends only on (seed, epoch); ``transform`` (applied to the first tensor of batch
-    i of epoch e, e.g. augmentation of the inputs) draws from an RNG seeded by (seed, epoch, i, rank),
-    never from the global RNG: each rank draws its own. ``state_dict`` records how many batches of
-    the current epoch were consumed, and ``load_state_dict`` makes the next ``iter()`` continue there
-    (read at its first batch). Use it from your datamodule's ``train_dataloader`` (and, unshuffled,
-    for evaluation)::
+    """Batches of in-memory tensors indexed together along their first dimension ((inputs, targets),
+    (tokens,) ...), sharded across ranks as ``ResumableDataLoader`` is. Shuffled (training) epochs hold
+    whole global batches only, in an order that depends only on (seed, epoch); unshuffled (evaluation)
+    ones every sample once. ``transform`` (of batch i's first tensor, e.g. augmentation) draws from an
+    RNG seeded by (seed, epoch, i, rank), never the global one. Use it from ``train_dataloader``::
 
         return TensorBatches((images, labels), self.batch_size, shuffle=True, seed=self.seed)
     """
@@ -128,10 +120,20 @@ class TensorBatches:
             batch = [t[index] for t in self.tensors]
             if self.transform is not None:
                 with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(hash((self.seed, self.epoch, i, self.rank)) % 2**63)
+                    self._seed_generators(hash((self.seed, self.epoch, i, self.rank)) % 2**63)
                     batch[0] = self.transform(batch[0])
             self._consumed = i + 1
             yield tuple(batch)
+
+    def _seed_generators(self, seed: int) -> None:
+        # Those a transform of these tensors draws from: torch.manual_seed would also seed every CUDA,
+        # XPU and MTIA device, dearer than the transform itself (docs/performance.md).
+        torch.default_generator.manual_seed(seed)
+        if self.tensors[0].is_cuda:
+            with torch.cuda.device(self.tensors[0].device):
+                torch.cuda.manual_seed(seed)
+        elif torch.cuda.is_initialized():  # a transform may move the batch to this rank's GPU and draw there
+            torch.cuda.manual_seed(seed)
 
     def batch_indices(self, batch_idx: int) -> list[int]:
         """The indices into the tensors of this rank's batch ``batch_idx`` of the current epoch:

@@ -1,6 +1,6 @@
-"""The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values,
-each job composed, checked and recorded before any starts (docs/sweeps.md). Hydra's ``BasicSweeper``
-lives in ``hydra._internal``, so the product of the swept values is written out here.
+"""The grid sweeper (``hydra/sweeper=grid``, the default): every combination of the swept values, each
+job composed, checked and recorded before any starts (docs/sweeps.md). Hydra's ``BasicSweeper`` is
+internal, so the product is written out here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
-"""Sweep jobs: each a fresh single-run process (``child_command``, recorded as the job's ``command.sh``;
-under launchers other than the pool, run by ``run_sweep_job``); a failing job is a failed row of the
-report, and the sweep goes on. The sweepers' shared planning (``PlanningSweeper``, ``plan_job``).
+"""Sweep jobs: each a fresh single-run process (``child_command``, recorded as its ``command.sh``); a
+failing job is a failed row of the report, and the sweep goes on. The sweepers' shared planning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,11 +24,11 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from litlab.config.identity import run_identity, run_settings, settings_fingerprint
+from litlab.config.identity import settings_fingerprint
 from litlab.config.preflight import check_train_config, composition_message
 from litlab.config.redact import typed_overrides
 from litlab.config.rules import ConfigError
-from litlab.errors import EXIT_REFUSED, LitlabError, error_line, one_line
+from litlab.errors import EXIT_REFUSED, LitlabError, describe_exit, error_line, one_line
 from litlab.logs import global_rank
 from litlab.run import sweep_record
 from litlab.run.combinations import check_combination
@@ -37,9 +36,8 @@ from litlab.run.summary import COMPLETED, FAILED, NOT_STARTED, RUNNING, SWEEP_JO
 
 log = logging.getLogger(__name__)
 
-# Hydra overrides that belong to the sweep, not to the job: the child is a plain single run.
-# A trial's study and number reach a batch launcher's job as hydra.job.env_set; the child inherits the
-# job's environment, and its command.sh must not carry the study's storage URL.
+# Hydra overrides that belong to the sweep, not to the job: the child is a plain single run. (A trial's
+# study reaches a batch launcher's job as hydra.job.env_set: command.sh must not carry its storage URL.)
 _SWEEP_ONLY = (
     "hydra.mode",
     "hydra.run",
@@ -52,15 +50,14 @@ _SWEEP_ONLY = (
 _SWEEP_ONLY_GROUPS = ("hydra/sweeper", "hydra/launcher")
 
 
-class ChildFailed(RuntimeError):
+class _ChildFailed(RuntimeError):
     """The single-run child of a sweep job exited non-zero (its summary.json, if any, says why)."""
 
 
 def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) -> float | None:
     """Run one multirun job with ``fit``: in its own process, it fits; in a launcher's process (a
-    submitit or joblib worker), it runs the job's single-run command as a child. A failure is
-    recorded in summary.json; in a launcher's process it returns None (the sweep goes on). Its
-    sweeper checked its config when it planned it (``plan_job``)."""
+    submitit or joblib worker), it runs the job's single-run command as a child, and a failure
+    returns None (the sweep goes on). A failure is recorded in summary.json."""
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
     is_child = hydra.mode != RunMode.MULTIRUN
@@ -68,18 +65,19 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     started_at = now()
     if recording:
         sweep_record.list_job(Path(str(hydra.sweep.dir)), int(hydra.job.num), job_dir)
-        stand_in = Summary.failed(cfg, None, run_dir=job_dir, hydra=hydra, status=RUNNING, sweep=sweep_job())
-        record_job(hydra, job_dir, {**stand_in.to_dict(), "started_at": started_at}, RUNNING)
+        place = {"run_dir": job_dir, "hydra": hydra, "sweep": sweep_job()}
+        stand_in = Summary.of(cfg, None, status=RUNNING, started_at=started_at, **place)
+        record_job(hydra, job_dir, stand_in.to_dict(), RUNNING)
     value = None
     try:
         if is_child:
             return fit(cfg)
-        value = run_in_child_process(cfg, job_dir)
+        value = _run_in_child_process(cfg, job_dir)
     except Exception as error:
         record_failure(cfg, job_dir, f"{type(error).__name__}: {error}")
         if is_child:
             raise  # the child's exit status tells the sweep job; its summary.json says why
-        traceback = not isinstance(error, (ConfigError, ChildFailed))  # those say all in one line
+        traceback = not isinstance(error, (ConfigError, _ChildFailed))  # those say all in one line
         log.error("job %s failed; the sweep goes on: %s", sweep_job()["job_num"], error, exc_info=traceback)
     if recording:
         summary = sweep_record.read_json(job_dir / "summary.json") or {}
@@ -88,8 +86,8 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
 
 
 def record_job(hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, note=None, pool=None) -> None:
-    """The sweep's record of a job (``hydra``: the job's hydra config) with ``summary``; ``pool``: the
-    device pool's record of the attempt (``sweep_record.write_job``)."""
+    """The sweep's record of a job (``hydra``: the job's hydra config); ``pool``: the device pool's
+    record of the attempt."""
     overrides = typed_overrides(hydra.overrides.task)
     where = (Path(str(hydra.sweep.dir)), int(hydra.job.num), outcome, summary)
     sweep_record.write_job(*where, run_dir=job_dir, overrides=overrides, note=note, pool=pool)
@@ -102,8 +100,7 @@ def record_job(hydra: DictConfig, job_dir: Path, summary: dict, outcome: str, no
 
 
 def child_command(hydra: DictConfig, job_dir: Path, module: str = "litlab.cli.train") -> list[str]:
-    """The single-run command of a sweep job (``hydra``: the job's hydra config) of the entry point
-    ``module``: its overrides, its directory, RUN mode."""
+    """The single-run command of a sweep job (``hydra``: its hydra config) of the entry point ``module``."""
     kept_hydra = [
         o
         for o in typed_overrides(hydra.overrides.hydra)
@@ -129,10 +126,9 @@ def write_command(job_dir: Path, cwd: str, command: list[str]) -> None:
     )
 
 
-def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
-    """Run the current job as one single-run child process and return its ``optimized_metric``.
-
-    The child gets this process's environment: a cluster's rank variables make it that rank."""
+def _run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
+    """Run the current job as one single-run child process (with this process's environment: a cluster's
+    rank variables make it that rank) and return its ``optimized_metric``."""
     command = child_command(HydraConfig.get(), job_dir)
     if global_rank() == 0:
         write_command(job_dir, HydraConfig.get().runtime.cwd, command)
@@ -141,24 +137,14 @@ def run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
     log.info("job %s: %s", job["job_num"], shlex.join(command[1:]))
     returncode = subprocess.run(command, env=env, cwd=HydraConfig.get().runtime.cwd, check=False).returncode
     if returncode != 0:
-        raise ChildFailed(f"the job's process {describe_exit(returncode)}")
+        raise _ChildFailed(f"the job's process {describe_exit(returncode)}")
     summary = json.loads((job_dir / "summary.json").read_text())
     return summary["metrics"].get(cfg.optimized_metric)
 
 
-def describe_exit(returncode: int) -> str:
-    """How a process ended, in words: "exited with status 1", "was killed by SIGKILL (out of memory?)"."""
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        hint = " (out of memory?)" if name == "SIGKILL" else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with status {returncode}"
-
-
 def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAILED) -> None:
     """Make sure the summary.json of a job whose process ended badly says so and why (``status``:
-    interrupted where its sweep stopped it); one its run wrote as it stopped stays, else the fields its
-    config knows (``Summary.failed``). Rank 0 writes it."""
+    interrupted where its sweep stopped it); one its run wrote as it stopped stays. Rank 0 writes it."""
     if global_rank() != 0:
         return
     path = job_dir / "summary.json"
@@ -166,21 +152,16 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAI
     if existing is not None and existing.status != COMPLETED:
         return  # written where the run stopped, with the most precise error
     if existing is not None:  # a child that wrote a completed summary, then exited non-zero
-        existing.status, existing.error = status, error
-        existing.write(path)
+        dataclasses.replace(existing, status=status, error=error).write(path)
         return
     hydra = HydraConfig.get()
-    Summary.failed(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job()).write(path)
-
-
-# --- a sweep's jobs, planned before any starts -------------------------------------------------------
+    Summary.of(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job()).write(path)
 
 
 class PlanningSweeper(Sweeper):
-    """What litlab's sweepers (the grid, the Optuna search) share: Hydra's setup, which gives them
-    their launcher, and a sweep ended in one ``litlab: error:`` line when ``run`` raises ConfigError
-    (exit 2: a job that does not compose or fails its checks, jobs that would share a folder, bad
-    settings) or a LitlabError (its ``exit_code``)."""
+    """What litlab's sweepers (the grid, the Optuna search) share: Hydra's setup, which gives them their
+    launcher, and a sweep ended in one ``litlab: error:`` line when ``run`` raises ConfigError (exit 2)
+    or a LitlabError (its ``exit_code``)."""
 
     config: DictConfig | None = None
     hydra_context: HydraContext | None = None
@@ -217,8 +198,8 @@ class PlanningSweeper(Sweeper):
 def job_config(
     hydra_context: HydraContext, sweep_config: DictConfig, overrides: list[str], num: int
 ) -> DictConfig:
-    """Job ``num``'s config as Hydra composes it (the job's hydra node: ``runtime.output_dir`` is its
-    folder), set as the current HydraConfig; raises ConfigError (one line) when it does not compose."""
+    """Job ``num``'s config as Hydra composes it, set as the current HydraConfig; raises ConfigError (one
+    line) when it does not compose."""
     try:
         config = hydra_context.config_loader.load_sweep_config(sweep_config, list(overrides))
     except (HydraException, OmegaConfBaseException, ValueError) as error:
@@ -240,8 +221,7 @@ class NotComposed(ConfigError):
 
 @dataclass(frozen=True)
 class JobPlan:
-    """Where a sweep's job would write and what it would train (a training job's run identity and
-    settings; None for jobs of entry points that store no run), as ``plan_job`` planned it."""
+    """Where a sweep's job would write and what it would train (None for entry points that store no run)."""
 
     num: int
     overrides: list[str]
@@ -251,7 +231,7 @@ class JobPlan:
     summary: dict[str, Any] | None = None  # what the sweep's record says of it until it starts
 
     def record(self, sweep_dir: Path, num: int) -> None:
-        """The sweep's record of this training job, planned as job ``num`` (``sweep_record.plan``)."""
+        """The sweep's record of this training job, planned as job ``num``."""
         if self.summary is not None:
             summary = {**self.summary, "sweep": {"dir": str(sweep_dir), "job_num": num}}
             sweep_record.plan(sweep_dir, num, summary, run_dir=self.folder, overrides=self.overrides)
@@ -274,11 +254,10 @@ def plan_job(
     num: int,
     refusal: str = "the job {} does not compose",
 ) -> JobPlan:
-    """Job ``num`` composed and planned: where a sweeper checks a job's config, once, before the job
-    starts (the grid: before any does); its process checks nothing again. The current HydraConfig is
-    left as it was. Raises NotComposed, ``refusal`` (its ``{}``: the overrides), when the job does not
-    compose; ConfigError or LitlabError, the line the same value gives a single run, for a training job
-    whose config fails ``check_train_config`` or asks for devices this machine lacks."""
+    """Job ``num`` composed and planned: where a sweeper checks a job's config, once, before it starts
+    (its process checks nothing again). Raises NotComposed, ``refusal`` (its ``{}``: the overrides), when
+    it does not compose; ConfigError or LitlabError, a single run's line, when a training job's config
+    fails its checks or asks for devices this machine lacks."""
     sweep_hydra_config = HydraConfig.instance().cfg
     try:
         try:
@@ -291,21 +270,17 @@ def plan_job(
         check_train_config(config, list(config.hydra.overrides.task))
         if str(config.hydra.launcher.get("_target_", "")).endswith(_LAUNCHERS_HERE):
             check_combination(config.trainer, config.strategy)  # trainer=gpu on a CPU machine: before any job
-        settings = run_settings(config)
-        identity = run_identity(config, settings)
-        summary = Summary.failed(config, None, run_dir=folder, hydra=config.hydra, status=NOT_STARTED)
-        return JobPlan(
-            num, list(overrides), folder, identity, settings_fingerprint(settings), summary.to_dict()
-        )
+        summary = Summary.of(config, None, run_dir=folder, hydra=config.hydra, status=NOT_STARTED)
+        fingerprint = settings_fingerprint(summary.settings)
+        return JobPlan(num, list(overrides), folder, summary.run_name, fingerprint, summary.to_dict())
     finally:
         HydraConfig.instance().cfg = sweep_hydra_config
 
 
 def distinct_runs(plans: list[JobPlan]) -> tuple[list[JobPlan], list[tuple[JobPlan, JobPlan]]]:
-    """The jobs that train distinct runs, and each other job with the earlier one that trains the
-    same run (``optimizer.lr=0.002,2e-3``). Raises ConfigError when two jobs that train differently
-    would share a run name or a folder (a fixed ``run_name``, ``hydra.run.dir`` or
-    ``hydra.sweep.subdir``): their results would overwrite each other's."""
+    """The jobs that train distinct runs, and each other job with the earlier one that trains the same run
+    (``optimizer.lr=0.002,2e-3``). Raises ConfigError when two jobs that train differently would share a
+    run name or a folder: their results would overwrite each other's."""
     unique: list[JobPlan] = []
     same: list[tuple[JobPlan, JobPlan]] = []
     by_identity: dict[str, JobPlan] = {}

@@ -1,7 +1,6 @@
-"""The default launcher (``hydra/launcher=local``): a work queue of sweep jobs, each a process of its
-own (``litlab.launch.multirun.child_command``), over a pool of devices and CPU cores; the largest job
-first, smaller ones backfill. Its record of each job goes to the sweep's record, never into a run's
-summary.json. The rules: docs/sweeps.md.
+"""The default launcher (``hydra/launcher=local``): sweep jobs, each a process of its own, queued over a
+pool of devices and CPU cores, the largest first, smaller ones backfilling. Its record of each job goes
+to the sweep's record, never into a run's summary.json. The rules: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from litlab.config.redact import typed_overrides  # omegaconf only: the plugin module stays light
 from litlab.config.rules import usable_cores
-from litlab.errors import ERROR_PREFIX, EXIT_PREEMPTED, EXIT_REFUSED, error_line
+from litlab.errors import ERROR_PREFIX, EXIT_PREEMPTED, EXIT_REFUSED, describe_exit, error_line
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,7 @@ _LOOK_S = 1.0  # how often it looks for other processes' runs training beside it
 
 @dataclass
 class QueuedJob:
-    """One job for ``run_queue``: its overrides (as a Hydra sweeper passes them) and extra
-    environment for its process."""
+    """One job for ``run_queue``: its overrides (as a sweeper passes them) and its process's extra env."""
 
     overrides: list[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -62,7 +60,7 @@ class QueuedJob:
 # --- the pool and its schedule: pure, no processes ------------------------------------------------
 
 
-def visible_gpus() -> list[str] | None:
+def _visible_gpus() -> list[str] | None:
     """The GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them; None on a machine without."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
@@ -72,35 +70,31 @@ def visible_gpus() -> list[str] | None:
         return None
     import torch
 
-    count = torch.cuda.device_count()
-    return [str(i) for i in range(count)] or None
-
-
-_POOL_VALUES = "use null (every GPU), a count >= 1 or a list of distinct ids"
+    return [str(i) for i in range(torch.cuda.device_count())] or None
 
 
 def pool_ids(devices: Any, gpus: list[str] | None) -> list[str]:
-    """The pool's device ids for ``hydra.launcher.devices`` on a machine that sees ``gpus``.
-
-    Raises ValueError with a one-line message for a value that is not a pool."""
+    """The pool's device ids for ``hydra.launcher.devices`` on a machine that sees ``gpus``; ValueError
+    (one line) for a value that is not a pool."""
     if devices is None:
         return list(gpus) if gpus else ["0"]
     if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
         if gpus and devices > len(gpus):
-            shown = ",".join(gpus)
-            raise ValueError(f"hydra.launcher.devices={devices}: the sweep sees {len(gpus)} GPUs ({shown})")
+            shown = f"{len(gpus)} GPUs ({','.join(gpus)})"
+            raise ValueError(f"hydra.launcher.devices={devices}: the sweep sees {shown}")
         return list(gpus[:devices]) if gpus else [str(i) for i in range(devices)]
     if isinstance(devices, (list, tuple, ListConfig)):
         ids = [str(d).strip() for d in devices]
         if ids and all(ids) and len(set(ids)) == len(ids):
             return ids
         devices = list(devices)
-    raise ValueError(f"hydra.launcher.devices={devices!r} is not allowed: {_POOL_VALUES}")
+    allowed = "use null (every GPU), a count >= 1 or a list of distinct ids"
+    raise ValueError(f"hydra.launcher.devices={devices!r} is not allowed: {allowed}")
 
 
 def cpu_share(slot: int, slots: int, cores: Sequence[int]) -> list[int]:
-    """The cores of slot ``slot`` of ``slots``: an even, contiguous part of ``cores`` (a core of its
-    own, shared with other slots, when there are fewer cores than slots)."""
+    """The cores of slot ``slot`` of ``slots``: an even, contiguous part of ``cores`` (one shared core
+    when there are fewer cores than slots)."""
     cores = sorted(cores)
     share = cores[slot * len(cores) // slots : (slot + 1) * len(cores) // slots]
     return share or [cores[slot * len(cores) // slots]]
@@ -116,11 +110,9 @@ class Pending:
 
 class DeviceSchedule:
     """Which device ids are free, and which queued job starts next (largest first, then backfill).
-
-    Each id has ``jobs_per_device`` slots; a job takes one slot on each of ``need`` distinct ids,
-    the least loaded first. On a machine without GPUs (``gpus=False``) the ids are slots for
-    processes, not hardware to share: a job that needs more of them than the pool has waits until
-    the pool is idle, then runs alone on every slot."""
+    Each id has ``jobs_per_device`` slots; a job takes one slot on each of ``need`` distinct ids, the
+    least loaded first. Without GPUs (``gpus=False``) the ids are process slots: a job that needs more
+    than the pool has waits until the pool is idle, then runs alone on every slot."""
 
     def __init__(
         self, ids: Sequence[str], jobs_per_device: int = 1, cores: Sequence[int] = (0,), gpus: bool = True
@@ -159,8 +151,7 @@ class DeviceSchedule:
         return next((job for job in by_size if self.fits_now(job.need)), None)
 
     def take(self, need: int) -> Taken:
-        """Occupy one slot on each of ``need`` free ids (every slot of the pool for a job larger than
-        it): the ids (in pool order) and their CPU cores."""
+        """A slot on each of ``need`` free ids (every slot, for a job larger than the pool), and its cores."""
         if not self.fits_now(need):
             raise RuntimeError(f"{need} devices asked for, {len(self.free_ids())} free")
         whole = need > self.size
@@ -194,8 +185,6 @@ class Taken:
 
 @dataclass
 class _Job:
-    """A prepared job: its config, folder, command, what it needs, and, once started, its process."""
-
     index: int
     config: DictConfig  # the job's full config (with hydra)
     dir: Path
@@ -203,10 +192,10 @@ class _Job:
     need: int
     env: dict[str, str]
     identity: str | None = None  # the run identity (train jobs): its storage folder and lock
+    task_cfg: Any = None  # the config without its hydra node: copied once, when the job is prepared
     storage: Any = None  # its RunStorage where it is on this machine's disk: the sweep takes its lock
     claim: Any = None  # the lock's Holder while the sweep holds it for the job's process
     devices: list[str] = field(default_factory=list)
-    cores: list[int] = field(default_factory=list)
     taken: Taken | None = None
     process: subprocess.Popen | None = None
     output: IO[bytes] | None = None
@@ -222,8 +211,7 @@ def _utc_now() -> str:
 
 
 def _die_with_parent_and_pin(cores: list[int], parent: int) -> Callable[[], None]:
-    """What the job's process runs between fork and exec: SIGTERM when the sweep dies (the sweep's
-    SIGKILL cannot leave jobs training), and its CPU cores."""
+    """Run between fork and exec: SIGTERM when the sweep dies (even by SIGKILL), and the job's cores."""
 
     def setup() -> None:
         try:
@@ -266,7 +254,6 @@ class DevicePoolLauncher(Launcher):
             lambda i: jobs[i - initial_job_idx] if i - initial_job_idx < len(jobs) else None,
             returns.__setitem__,
             first_index=initial_job_idx,
-            queue_all=True,
             announced=len(jobs),
         )
         return [returns[initial_job_idx + i] for i in range(len(jobs))]
@@ -280,23 +267,16 @@ class DevicePoolLauncher(Launcher):
         """Ask ``next_job(job_idx)`` for a job whenever a device is free and no queued job fits it
         (None: no more jobs); call ``on_done(job_idx, job_return)`` as each job ends. Returns when
         there are no more jobs and every started one has ended, or once ``stop`` has stopped them."""
-        self._run(next_job, on_done, first_index=first_index, queue_all=False, announced=None)
+        self._run(next_job, on_done, first_index=first_index, announced=None)
 
-    def _run(
-        self,
-        next_job: Callable[[int], QueuedJob | None],
-        on_done: Callable[[int, JobReturn], None],
-        *,
-        first_index: int,
-        queue_all: bool,
-        announced: int | None,
-    ) -> None:
+    def _run(self, next_job: Callable, on_done: Callable, *, first_index: int, announced: int | None) -> None:
+        """``announced``: a fixed list of that many jobs, all queued at once; None: jobs as they come."""
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         try:
-            gpus = visible_gpus()
+            gpus = _visible_gpus()
             ids = pool_ids(self.devices, gpus)
             # Without GPUs the ids are slot names (and no CUDA_VISIBLE_DEVICES).
             schedule = DeviceSchedule(ids, self.jobs_per_device, usable_cores(), gpus=gpus is not None)
@@ -311,51 +291,8 @@ class DevicePoolLauncher(Launcher):
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._stopped, self._signalled = None, False
         queue: dict[int, _Job] = {}
-        next_index = first_index
-        more = True
-        look_at = 0.0
         try:
-            while True:
-                # Take jobs: all at once for a fixed list, else while a device is free and no queued job fits.
-                while more and self._stopped is None:
-                    if not queue_all:
-                        pending = self._startable(queue)
-                        if not schedule.free_ids() or schedule.next_to_start(pending) is not None:
-                            break
-                        if len(queue) >= schedule.size * schedule.jobs_per_device:
-                            break
-                    queued = next_job(next_index)
-                    if queued is None:
-                        more = False
-                        break
-                    index, next_index = next_index, next_index + 1
-                    job = self._prepare(index, queued, schedule)
-                    if isinstance(job, _Job):
-                        queue[index] = job
-                    else:  # not started: too large, or completed before
-                        on_done(index, job)
-                # Start what fits.
-                while self._stopped is None:
-                    chosen = schedule.next_to_start(self._startable(queue))
-                    if chosen is None:
-                        break
-                    job = queue.pop(chosen.index)
-                    held = self._claim(job)
-                    if held is not None:  # another process trains its run: nothing of it is written
-                        on_done(job.index, held)
-                        continue
-                    self._start(job, schedule)
-                if not self._running and (self._stopped is not None or (not queue and not more)):
-                    break
-                time.sleep(_POLL_S)
-                if time.monotonic() >= look_at:
-                    self._look_beside()
-                    look_at = time.monotonic() + _LOOK_S
-                for index, job in list(self._running.items()):
-                    if job.process.poll() is not None:
-                        del self._running[index]
-                        schedule.give_back(job.taken)
-                        on_done(index, self._finish(job))
+            self._loop(next_job, on_done, first_index, announced is not None, queue, schedule)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -365,16 +302,62 @@ class DevicePoolLauncher(Launcher):
         if self._stopped is not None:
             from litlab.run.summary import INTERRUPTED
 
-            why = self._stopped
             for job in queue.values():  # never started: the record says why
-                self._not_started(job, f"the sweep was stopped by {why} before the job started", INTERRUPTED)
-            log.warning("sweep stopped by %s; the same command resumes it (completed jobs are skipped)", why)
+                error = f"the sweep was stopped by {self._stopped} before the job started"
+                not_started(job.config, job.dir, error, INTERRUPTED, self._pool_record(job), job.task_cfg)
+            log.warning(
+                "sweep stopped by %s; the same command resumes it (completed jobs are skipped)", self._stopped
+            )
             if self._signalled:
                 raise SystemExit(EXIT_PREEMPTED)  # what the jobs got: preempted, resumable
 
+    def _loop(
+        self, next_job: Callable, on_done: Callable, index: int, queue_all: bool, queue: dict, schedule: Any
+    ) -> None:
+        """Take jobs, start what fits, collect what ended; until none is left or the sweep is stopped."""
+        more, look_at = True, 0.0
+        while True:
+            while more and self._stopped is None and (queue_all or self._wants_job(queue, schedule)):
+                queued = next_job(index)
+                if queued is None:
+                    more = False
+                    break
+                job = self._prepare(index, queued, schedule)
+                if isinstance(job, _Job):
+                    queue[index] = job
+                else:  # not started: too large, or completed before
+                    on_done(index, job)
+                index += 1
+            while self._stopped is None:  # start what fits
+                chosen = schedule.next_to_start(self._startable(queue))
+                if chosen is None:
+                    break
+                job = queue.pop(chosen.index)
+                held = self._claim(job)
+                if held is not None:  # another process trains its run: nothing of it is written
+                    on_done(job.index, held)
+                else:
+                    self._start(job, schedule)
+            if not self._running and (self._stopped is not None or (not queue and not more)):
+                return
+            time.sleep(_POLL_S)
+            if time.monotonic() >= look_at:
+                self._look_beside()
+                look_at = time.monotonic() + _LOOK_S
+            for job in [job for job in self._running.values() if job.process.poll() is not None]:
+                del self._running[job.index]
+                schedule.give_back(job.taken)
+                on_done(job.index, self._finish(job))
+
+    def _wants_job(self, queue: dict[int, _Job], schedule: DeviceSchedule) -> bool:
+        """A device is free, no queued job fits it, and the queue is shorter than the pool's slots."""
+        fits = schedule.next_to_start(self._startable(queue)) is not None
+        return (
+            bool(schedule.free_ids()) and not fits and len(queue) < schedule.size * schedule.jobs_per_device
+        )
+
     def _startable(self, queue: dict[int, _Job]) -> list[Pending]:
-        """Queued jobs that may start: not one whose run identity a running job holds (the same
-        overrides twice, e.g. ``seed=1,1``: the second waits, then finds the run completed)."""
+        """Queued jobs whose run no running job holds (``seed=1,1``: the second waits, then finds it done)."""
         held = {job.identity for job in self._running.values()}
         return [
             Pending(j.index, j.need) for j in queue.values() if j.identity is None or j.identity not in held
@@ -385,9 +368,8 @@ class DevicePoolLauncher(Launcher):
         self.stop(signal.Signals(signum).name)
 
     def stop(self, reason: str) -> None:
-        """Stop every running job at a checkpoint (SIGTERM: each writes preempted.ckpt) and start no
-        more; ``run_queue`` then returns, and the jobs still queued are recorded as stopped by
-        ``reason`` (``SIGTERM``, ``an outage of the study's database``) before they started."""
+        """Stop the running jobs at a checkpoint (SIGTERM) and start no more; ``run_queue`` then returns,
+        and the queued jobs are recorded as stopped by ``reason`` (``SIGTERM``, a database outage)."""
         if self._stopped is None:
             running = f"the {len(self._running)} running job(s)"
             log.warning(f"{reason}: stopping {running} (SIGTERM: each writes preempted.ckpt)")
@@ -402,8 +384,7 @@ class DevicePoolLauncher(Launcher):
                 os.killpg(job.process.pid, signal.SIGTERM)
 
     def _prepare(self, index: int, queued: QueuedJob, schedule: DeviceSchedule) -> _Job | JobReturn:
-        """The job, composed; its JobReturn instead where it never starts (too large for the pool, on
-        several nodes) or its run completed."""
+        """The job, composed; its JobReturn where it never starts (refused) or its run completed."""
         from litlab.config.identity import run_identity
         from litlab.config.rules import device_count
         from litlab.launch.multirun import child_command, job_config
@@ -412,21 +393,21 @@ class DevicePoolLauncher(Launcher):
         assert self.hydra_context is not None and self.config is not None
         config = job_config(self.hydra_context, self.config, list(queued.overrides), index)
         job_dir = Path(config.hydra.runtime.output_dir)
-        task_cfg = self._task_config(config)
+        task_cfg = _task_config(config)
         command = child_command(config.hydra, job_dir, self._entry_module())
         log.info("\t#%d : %s", index, " ".join(filter_overrides(queued.overrides)))
-        devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
-        accelerator = OmegaConf.select(task_cfg, "trainer.accelerator", default="auto")
-        need = device_count(devices)
+        need = device_count(OmegaConf.select(task_cfg, "trainer.devices", default=1))
         if need is None:  # "auto", -1: every device a job sees; on the CPU one process
-            need = 1 if accelerator == "cpu" else schedule.size
+            cpu = OmegaConf.select(task_cfg, "trainer.accelerator", default="auto") == "cpu"
+            need = 1 if cpu else schedule.size
         identity = run_identity(task_cfg) if task_cfg.get("task_name") == "train" else None
-        job = _Job(index, config, job_dir, command, need, dict(queued.env), identity)
-        refusal = queued.refusal or self._refusal(job, task_cfg, schedule)
+        job = _Job(index, config, job_dir, command, need, dict(queued.env), identity, task_cfg)
+        refusal = queued.refusal or self._refusal(job, schedule)
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
             self._write_job_files(job)
-            return self._not_started(job, refusal)
+            summary = not_started(config, job.dir, refusal, pool=self._pool_record(job), task_cfg=task_cfg)
+            return self._job_return(job, summary.to_dict())
         root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "").removeprefix("file://")
         if identity is not None and root and "://" not in root:  # the job's own process reads the others
             from litlab.storage.roots import RunStorage
@@ -441,8 +422,7 @@ class DevicePoolLauncher(Launcher):
         return self._job_return(job, completed)
 
     def _claim(self, job: _Job) -> JobReturn | None:
-        """Take the run's lock for the job's process to take over: another sweep sees it taken before
-        that process starts. Held elsewhere: the job's JobReturn, running elsewhere, nothing written."""
+        """Take the run's lock for the job's process; held elsewhere: its JobReturn, running elsewhere."""
         from litlab.run.summary import RUNNING_ELSEWHERE
         from litlab.run.sweep_record import ELSEWHERE
         from litlab.storage import lock
@@ -451,21 +431,22 @@ class DevicePoolLauncher(Launcher):
             job.claim = lock.take(job.storage) if job.storage is not None else None
         except lock.RunLocked as held:
             log.warning("job %d not started: %s", job.index, held.reason)
-            summary = failed_summary(job.config, job.dir, held.reason, RUNNING_ELSEWHERE).to_dict()
+            summary = _summary(job.config, job.dir, held.reason, RUNNING_ELSEWHERE, job.task_cfg).to_dict()
             self._record(job, summary, ELSEWHERE)
             return self._job_return(job, summary)
         return None
 
+    def _pool_record(self, job: _Job) -> dict[str, Any]:
+        beside = sorted(job.beside, key=str)
+        pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": beside}
+        return {**pool, "timed_by": self._timed_by, "command": shlex.join(job.command)}
+
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
-        """The sweep's record of a training job (litlab-eval's store no run), with the pool's record of
-        the attempt: ``devices``, ``start``, ``end`` (UTC), ``beside``, ``timed_by``, ``command``."""
+        """The sweep's record of a training job (litlab-eval's store no run), with the pool's."""
         from litlab.launch.multirun import record_job
 
         if job.identity is not None:
-            beside = sorted(job.beside, key=str)
-            pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": beside}
-            pool.update(timed_by=self._timed_by, command=shlex.join(job.command))
-            record_job(job.config.hydra, job.dir, summary, outcome, note, pool)
+            record_job(job.config.hydra, job.dir, summary, outcome, note, self._pool_record(job))
 
     def _write_job_files(self, job: _Job) -> None:
         """The job's .hydra/ (its config as composed) and command.sh (the job alone)."""
@@ -475,16 +456,15 @@ class DevicePoolLauncher(Launcher):
         job.dir.mkdir(parents=True, exist_ok=True)
         if config.hydra.output_subdir is not None:
             hydra_output = job.dir / str(config.hydra.output_subdir)
-            _save_config(self._task_config(config), "config.yaml", hydra_output)
+            _save_config(job.task_cfg, "config.yaml", hydra_output)
             _save_config(OmegaConf.masked_copy(config, "hydra"), "hydra.yaml", hydra_output)
             _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
         write_command(job.dir, config.hydra.runtime.cwd, job.command)
 
-    def _refusal(self, job: _Job, task_cfg: DictConfig, schedule: DeviceSchedule) -> str | None:
-        """Why the job cannot start on this pool (more nodes than one, more GPUs than it has), or
-        None; its sweeper checked its config when it planned it."""
-        devices = OmegaConf.select(task_cfg, "trainer.devices", default=1)
-        nodes = OmegaConf.select(task_cfg, "trainer.num_nodes", default=1)
+    def _refusal(self, job: _Job, schedule: DeviceSchedule) -> str | None:
+        """Why the job cannot start on this pool (several nodes, more GPUs than it has), or None."""
+        devices = OmegaConf.select(job.task_cfg, "trainer.devices", default=1)
+        nodes = OmegaConf.select(job.task_cfg, "trainer.num_nodes", default=1)
         if isinstance(nodes, int) and nodes > 1:
             return f"trainer.num_nodes={nodes}: the local pool is one machine; use hydra/launcher=slurm"
         if not schedule.fits_ever(job.need):
@@ -495,8 +475,7 @@ class DevicePoolLauncher(Launcher):
         return None
 
     def _entry_module(self) -> str:
-        """The module whose command the jobs run: the one that defines the task function
-        (litlab.cli.train, litlab.cli.evaluate)."""
+        """The module whose command the jobs run: the one that defines the task function."""
         module = getattr(self.task_function, "__module__", None) or "litlab.cli.train"
         if module == "__main__":  # started as python -m litlab.cli.train
             spec = getattr(sys.modules["__main__"], "__spec__", None)
@@ -504,26 +483,17 @@ class DevicePoolLauncher(Launcher):
         return module
 
     @staticmethod
-    def _task_config(config: DictConfig) -> DictConfig:
-        task_cfg = copy.deepcopy(config)
-        with read_write(task_cfg), open_dict(task_cfg):
-            del task_cfg["hydra"]
-        return task_cfg
-
-    @staticmethod
     def _completed(task_cfg: DictConfig, hydra_cfg: DictConfig, identity: str) -> dict[str, Any] | None:
-        """The summary of the job's run where it completed with the code as it is now (``resume=auto``):
-        the read-only half of the job's own resume decision."""
+        """The summary of the job's run where it completed under this code (as ``resume=auto`` decides)."""
         from litlab.config.identity import found_in_storage
 
-        found = (
-            found_in_storage(task_cfg, hydra_cfg, identity) if str(task_cfg.get("resume")) == "auto" else None
-        )
+        if str(task_cfg.get("resume")) != "auto":
+            return None
+        found = found_in_storage(task_cfg, hydra_cfg, identity)
         return found.completed_summary if found is not None else None
 
     def _look_beside(self) -> None:
-        """Other processes' runs training on this machine while the jobs run (their locks in the
-        jobs' storage roots): the jobs' timings are not solo ones."""
+        """Other processes' runs training on this machine beside the jobs (locks in their storage roots)."""
         from litlab.storage.lock import LOCK_SUFFIX, held_by_another
         from litlab.storage.roots import RunStorage
 
@@ -542,23 +512,22 @@ class DevicePoolLauncher(Launcher):
         from litlab.storage.lock import HANDOVER_ENV
 
         job.taken = schedule.take(job.need)
-        job.devices, job.cores = job.taken.ids, job.taken.cores
+        job.devices, cores = job.taken.ids, job.taken.cores
         job.start, job.start_s, job.started_at = _utc_now(), time.monotonic(), now()
         for other in self._running.values():
             other.beside.add(job.index)
             job.beside.add(other.index)
         self._write_job_files(job)
         sweep_record.list_job(Path(str(job.config.hydra.sweep.dir)), job.index, job.dir)
-        running = failed_summary(job.config, job.dir, None, RUNNING).to_dict()
-        self._record(job, {**running, "started_at": job.started_at}, RUNNING)
+        running = _summary(job.config, job.dir, None, RUNNING, job.task_cfg, started_at=job.started_at)
+        self._record(job, running.to_dict(), RUNNING)
         env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
         # The run's place in the sweep (its summary's ``sweep``); the rest is the pool's record.
         env[SWEEP_JOB_ENV] = json.dumps({"dir": str(job.config.hydra.sweep.dir), "job_num": job.index})
         if job.claim is not None:
             env[HANDOVER_ENV] = job.claim.token
-        # Torch's threads: the job's cores, split between its ranks (each rank is a process); never
-        # more than an OMP_NUM_THREADS the sweep was given.
-        threads = max(1, len(job.cores) // max(1, job.need))
+        # Torch's threads: the job's cores split between its ranks; never more than the sweep's own.
+        threads = max(1, len(cores) // max(1, job.need))
         if os.environ.get("OMP_NUM_THREADS", "").isdigit():
             threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
         env["OMP_NUM_THREADS"] = str(threads)
@@ -573,18 +542,17 @@ class DevicePoolLauncher(Launcher):
             stdout=job.output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the sweep only; it stops the jobs with SIGTERM
-            preexec_fn=_die_with_parent_and_pin(job.cores, os.getpid()),
+            preexec_fn=_die_with_parent_and_pin(cores, os.getpid()),
         )
         self._running[job.index] = job
         if self._stopped is not None:  # stopped from a sweeper's own thread as it started
             self._terminate(job)
-        where = f"device(s) {','.join(job.devices)}, cores {','.join(map(str, job.cores))}"
+        where = f"device(s) {','.join(job.devices)}, cores {','.join(map(str, cores))}"
         log.info(f"job {job.index} started on {where}: {job.dir / 'output.log'}")
 
     def _finish(self, job: _Job) -> JobReturn:
-        """The job ended: a failure its process could not write goes into its summary.json (interrupted
-        where the sweep stopped it), the summary into the sweep's record; its JobReturn."""
-        from litlab.launch.multirun import describe_exit, record_failure
+        """Record how the job ended (a failure its process did not write: in summary.json); its JobReturn."""
+        from litlab.launch.multirun import record_failure
         from litlab.run import sweep_record
         from litlab.run.summary import FAILED, INTERRUPTED
         from litlab.storage.lock import give_back
@@ -602,7 +570,7 @@ class DevicePoolLauncher(Launcher):
             status = FAILED
             if self._stopped is not None:  # e.g. Ctrl-C while the job's process started
                 error, status = f"the sweep was stopped by {self._stopped} as the job ran", INTERRUPTED
-            record_failure(self._task_config(job.config), job.dir, error, status)
+            record_failure(job.task_cfg, job.dir, error, status)
         stored = sweep_record.read_json(job.dir / "summary.json") or {}  # litlab-eval's jobs write none
         if stored:
             self._record(job, stored, *sweep_record.outcome_of(stored, job.started_at))
@@ -613,45 +581,58 @@ class DevicePoolLauncher(Launcher):
             log.error("job %d %s after %.1f s: %s (%s)", job.index, status, took, stored.get("error"), output)
         return self._job_return(job, stored)
 
-    def _not_started(self, job: _Job, error: str, status: str = "failed") -> JobReturn:
-        """A job that never started: in the sweep's record only (its run's folder is left as it was)."""
-        from litlab.run.sweep_record import NOT_STARTED
-
-        log.error("job %d not started: %s", job.index, error)
-        summary = failed_summary(job.config, job.dir, error, status).to_dict()
-        self._record(job, summary, NOT_STARTED)
-        return self._job_return(job, summary)
-
     def _job_return(self, job: _Job, summary: dict[str, Any]) -> JobReturn:
         ret = JobReturn()
-        ret.cfg = self._task_config(job.config)
+        ret.cfg = job.task_cfg
         ret.hydra_cfg = job.config
         ret.overrides = typed_overrides(job.config.hydra.overrides.task)
         ret.working_dir = str(job.dir)
         ret.task_name = str(job.config.hydra.job.name)
         ret.status = JobStatus.COMPLETED  # a failed job is a failed row of the report, not the sweep's end
         metric = summary.get("optimized_metric")
-        ret.return_value = (
-            (summary.get("metrics") or {}).get(metric) if summary.get("status") == "completed" else None
-        )
+        completed = summary.get("status") == "completed"
+        ret.return_value = (summary.get("metrics") or {}).get(metric) if completed else None
         return ret
 
 
-def failed_summary(config: DictConfig, job_dir: Path, error: str, status: str = "failed") -> Any:
-    """The Summary of a job (``config``: as composed, with its hydra node; it becomes the current
-    HydraConfig) that has no run of its own to write one: it never started, or another process
-    trains its run."""
+def _task_config(config: DictConfig) -> DictConfig:
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return task_cfg
+
+
+def _summary(
+    config: DictConfig, job_dir: Path, error: str | None, status: str, task_cfg=None, **known
+) -> Any:
+    """The Summary of a job whose process writes none: not started, running, or trained elsewhere."""
     from litlab.run.summary import Summary
 
     HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
     place = {"dir": str(config.hydra.sweep.dir), "job_num": int(config.hydra.job.num)}
-    task_cfg = DevicePoolLauncher._task_config(config)
-    return Summary.failed(task_cfg, error, run_dir=job_dir, hydra=config.hydra, status=status, sweep=place)
+    task_cfg = task_cfg if task_cfg is not None else _task_config(config)
+    return Summary.of(
+        task_cfg, error, run_dir=job_dir, hydra=config.hydra, status=status, sweep=place, **known
+    )
+
+
+def not_started(
+    config: DictConfig, job_dir: Path, error: str, status="failed", pool=None, task_cfg=None
+) -> Any:
+    """A job that never started: a line in the log and a training job's row in the sweep's record
+    (its run's folder is left as it was); its Summary."""
+    from litlab.launch.multirun import record_job
+    from litlab.run.sweep_record import NOT_STARTED
+
+    log.error("job %d not started: %s", int(config.hydra.job.num), error)
+    summary = _summary(config, job_dir, error, status, task_cfg)
+    if config.get("task_name") == "train":
+        record_job(config.hydra, job_dir, summary.to_dict(), NOT_STARTED, None, pool)
+    return summary
 
 
 def _error_line(output: Path) -> str | None:
-    """The one-line error a litlab command printed last (``litlab: error: ...``), without its prefix:
-    why a job's process stopped before it could write a summary (a storage root it cannot use)."""
+    """The last ``litlab: error:`` line of a job's output: why it stopped before writing a summary."""
     try:
         lines = output.read_text(errors="replace").splitlines()
     except OSError:

@@ -1,7 +1,6 @@
-"""litlab's Optuna search (``hparams_search=optuna``, ``hydra/sweeper=optuna`` through
-``hydra_plugins.litlab_search``): a Hydra sweeper on Optuna's ask-and-tell API that asks whenever the
-pool has a free slot, on a study the same command continues (imported when a search starts). What it
-guarantees and how: docs/sweeps.md.
+"""litlab's Optuna search (``hparams_search=optuna``, through ``hydra_plugins.litlab_search``): a Hydra
+sweeper on Optuna's ask-and-tell API that asks whenever the pool has a free slot, on a study the same
+command continues. What it guarantees and how: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -23,37 +22,17 @@ from urllib.parse import urlsplit
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import (
-    ChoiceSweep,
-    IntervalSweep,
-    Override,
-    RangeSweep,
-    Transformer,
-)
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
 from litlab.config.identity import NOT_SETTINGS
-from litlab.config.pruners import (
-    TRIAL_ENV,
-    database_error,
-    engine_kwargs,
-    make_pruner,
-    quiet_optuna,
-)
+from litlab.config.pruners import TRIAL_ENV, database_error, engine_kwargs, make_pruner, quiet_optuna
 from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.errors import EXIT_FAILED, LitlabError, error_chain, one_line
-from litlab.launch.multirun import (
-    JobPlan,
-    NotComposed,
-    PlanningSweeper,
-    distinct_runs,
-    job_config,
-    plan_job,
-    record_job,
-)
-from litlab.launch.pool import QueuedJob, failed_summary
+from litlab.launch.multirun import JobPlan, NotComposed, PlanningSweeper, distinct_runs, job_config, plan_job
+from litlab.launch.pool import QueuedJob, not_started
 from litlab.run import sweep_record
 from litlab.run.summary import finite
 from litlab.storage.roots import write_text_atomic
@@ -63,8 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("tpe", "random")
-BEST_TRIAL_FILE = "best_trial.yaml"
+_BEST_TRIAL_FILE = "best_trial.yaml"
 # A trial this worker asked for over the budget (another worker asked at the same moment) and gave back.
 UNUSED_ATTR = "litlab_unused"
 # Overrides that pick the search itself: not part of a trial's own command.
@@ -106,27 +84,23 @@ def distribution_of(override: Override) -> Any:
             return IntDistribution(values[0], values[-1], step=value.step)
         return FloatDistribution(float(values[0]), float(values[-1]), step=float(value.step))
     if isinstance(value, ChoiceSweep):
-        # Encoded as an override's value (strings quoted where Hydra needs it), so that the value
-        # Optuna hands back is written into the trial's command as it is.
+        # Encoded as override values (quoted where Hydra needs it): written into the trial's command as is.
         return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
     raise ConfigError(f"{override.input_line}: a search parameter is interval, range or choice")
 
 
 @dataclass
-class SearchSpace:
-    """The search's parameters (name -> Optuna distribution) and its fixed overrides, as typed."""
-
-    distributions: dict[str, Any] = field(default_factory=dict)
-    fixed: list[str] = field(default_factory=list)
+class _SearchSpace:
+    distributions: dict[str, Any] = field(default_factory=dict)  # parameter name -> Optuna distribution
+    fixed: list[str] = field(default_factory=list)  # the other overrides, as typed
 
 
-def search_space(params: dict[str, str], arguments: Sequence[str]) -> SearchSpace:
-    """``hydra.sweeper.params`` and the command line's overrides, parsed with Hydra's parser: sweep
-    overrides become distributions, the others stay fixed overrides (exactly as typed). A parameter
-    given on the command line replaces the one of the params."""
+def search_space(params: dict[str, str], arguments: Sequence[str]) -> _SearchSpace:
+    """``hydra.sweeper.params`` and the command line's overrides: sweeps become distributions, the
+    others stay fixed overrides; a parameter on the command line replaces the one of the params."""
     parser = OverridesParser.create()
     lines = [f"{key}={value}" for key, value in params.items()] + list(arguments)
-    space = SearchSpace()
+    space = _SearchSpace()
     fixed: dict[str, str] = {}
     for override in parser.parse_overrides(lines):
         key = override.get_key_element()
@@ -173,12 +147,10 @@ def parse_enqueued(lines: Sequence[str]) -> list[dict[str, Any]]:
 # --- the study's name and storage ----------------------------------------------------------------
 
 
-def study_name_of(experiment_name: str, arguments: Sequence[str], space: SearchSpace, direction: str) -> str:
-    """The study of a command: the experiment name plus a hash of what defines the search, so the
-    same command continues the same study. In it: the command line's overrides that define the runs
-    (as the run's settings take them: not where runs are stored or logged, nor how they are
-    launched), the search space and the direction. Not in it: n_trials (raise it to extend a
-    search), the storage, the sampler, the pruner, the launcher."""
+def study_name_of(experiment_name: str, arguments: Sequence[str], space: _SearchSpace, direction: str) -> str:
+    """The experiment name plus a hash of what defines the search, so the same command continues the
+    same study: the overrides that define the runs (as run settings take them), the space and the
+    direction; not n_trials (raise it to extend a search), the storage, sampler, pruner or launcher."""
     keys = {a: re.split(r"[./=]", a.lstrip("+~"), maxsplit=1)[0] for a in arguments}
     overrides = sorted(a for a, key in keys.items() if key not in NOT_SETTINGS)
     space_text = [f"{name}: {dist!r}" for name, dist in sorted(space.distributions.items())]
@@ -190,15 +162,13 @@ def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
     """The SQLAlchemy URL of the study's storage. ``None``: ``<storage.root>/optuna/<study>.db`` in
     SQLite, which needs a local storage root. ``postgresql://`` and ``postgres://`` use psycopg 3."""
     if storage is None:
-        scheme = urlsplit(storage_root).scheme
-        if scheme not in ("", "file"):
+        if urlsplit(storage_root).scheme not in ("", "file"):
             raise ConfigError(
                 f"hydra.sweeper.storage=null keeps the study in a SQLite file under storage.root, but "
                 f"storage.root={storage_root} is not on this machine's disk: set hydra.sweeper.storage "
                 "to a database URL (postgresql://user@host/db) or a sqlite:////path/study.db"
             )
-        root = Path(storage_root.removeprefix("file://")).expanduser().resolve()
-        folder = root / "optuna"
+        folder = Path(storage_root.removeprefix("file://")).expanduser().resolve() / "optuna"
         folder.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{folder / study_name}.db"
     for plain in ("postgresql://", "postgres://"):
@@ -212,12 +182,9 @@ def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
     return storage
 
 
-def open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: float) -> Any:
-    """The study's RDB storage, with heartbeats and retries of stale trials. A trial is stale once
-    silent for two heartbeats plus ``outage_s``: a sweep that waits out an outage keeps its trials.
-    Workers of one search started at the same moment (a job array) race to create Optuna's tables in
-    a new database; the losers' CREATE fails on what the winner made, and their next try finds the
-    tables there. A database that cannot be reached is one line naming the URL (without its password)."""
+def _open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: float) -> Any:
+    """The study's storage; a trial is stale after two silent heartbeats plus ``outage_s``, so a sweep
+    that waits out an outage keeps its trials."""
     import random
 
     import optuna
@@ -235,9 +202,10 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: fl
                 ),
             )
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            # Workers started at once race to create a new database's tables: the losers' CREATE fails.
             if attempt == 5:
                 raise
-            time.sleep(random.uniform(0.2, 1.0))  # another worker is creating the tables
+            time.sleep(random.uniform(0.2, 1.0))
         except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as error:
             raise ConfigError(
                 f"hydra.sweeper.storage: cannot open the study's database {redact_text(url)}: "
@@ -246,24 +214,22 @@ def open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: fl
     raise AssertionError("unreachable")
 
 
-class StorageOutage(LitlabError):
+class _StorageOutage(LitlabError):
     """The study's database did not answer for ``storage_outage_s``: the sweep ends in one line."""
 
     exit_code = EXIT_FAILED
 
 
-def connection_lost(error: BaseException) -> bool:
-    """Whether ``error`` (Optuna's StorageInternalError, whatever it says) means the database did not
-    answer: a refused or broken connection, a server restarting, SQLite's file locked."""
+def _connection_lost(error: BaseException) -> bool:
+    """Whether Optuna's error means the database did not answer (connection, restart, locked file)."""
     import sqlalchemy.exc
 
     lost = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
     return any(isinstance(cause, lost) for cause in error_chain(error))
 
 
-def database_address(url: str) -> str:
-    """Where a study's database is, for a message: ``host:port`` (never the user or password), or
-    SQLite's file."""
+def _database_address(url: str) -> str:
+    """``host:port`` of a study's database for a message (never the user or password), or SQLite's file."""
     import sqlalchemy.engine
 
     parsed = sqlalchemy.engine.make_url(url)
@@ -277,10 +243,9 @@ def database_address(url: str) -> str:
 
 
 @dataclass
-class Budget:
+class _Budget:
     spent: int  # completed, pruned, failed and not retried
     running: int  # running now (in any worker)
-    waiting: int  # enqueued or retries, not asked for yet
 
     def can_ask(self, n_trials: int) -> bool:
         return self.spent + self.running < n_trials
@@ -289,63 +254,49 @@ class Budget:
         return self.spent >= n_trials
 
 
-def budget_of(trials: Sequence[optuna.trial.FrozenTrial], below: int | None = None) -> Budget:
+def budget_of(trials: Sequence[optuna.trial.FrozenTrial], below: int | None = None) -> _Budget:
     """The study's budget; with ``below``, of the trials numbered lower only."""
     from optuna.trial import TrialState
 
     # Failed trials that a later trial retries: RetryFailedTrialCallback.retry_history, without its warning.
     retried = {number for trial in trials for number in trial.system_attrs.get("retry_history", [])}
-    spent = running = waiting = 0
+    budget = _Budget(0, 0)
     for trial in trials:
         if trial.user_attrs.get(UNUSED_ATTR) or (below is not None and trial.number >= below):
             continue
         if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
-            spent += 1
+            budget.spent += 1
         elif trial.state == TrialState.FAIL:
-            spent += trial.number not in retried
+            budget.spent += trial.number not in retried
         elif trial.state == TrialState.RUNNING:
-            running += 1
-        elif trial.state == TrialState.WAITING:
-            waiting += 1
-    return Budget(spent, running, waiting)
+            budget.running += 1
+    return budget
 
 
-# --- samplers ------------------------------------------------------------------------------------
-
-
-def worker_seed(seed: int | None) -> int | None:
-    """The seed of this worker's sampler: ``sampler.seed`` with the host and process id. Workers of
-    one study (machines, or reruns of the command) given the same seed would otherwise draw the same
-    parameters, trial for trial. A search with free slots is not repeatable draw for draw anyway:
-    trials end, and are told, in the order the machine's timing gives."""
-    if seed is None:
-        return None
-    text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
-    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
-
-
-def make_sampler(sampler: dict[str, Any]) -> Any:
+def _make_sampler(sampler: dict[str, Any]) -> Any:
+    """The sampler, its seed mixed with host and pid: workers of one study draw different trials."""
     import optuna
 
-    name = sampler.get("name", "tpe")
-    seed = worker_seed(sampler.get("seed"))
+    name, seed = sampler.get("name", "tpe"), sampler.get("seed")
+    if seed is not None:
+        text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
+        seed = int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=int(sampler.get("n_startup_trials", 10))
         )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"hydra.sweeper.sampler.name={name}: choose one of {', '.join(SAMPLERS)}")
+    raise ConfigError(f"hydra.sweeper.sampler.name={name}: choose one of tpe, random")
 
 
 # --- the sweeper ---------------------------------------------------------------------------------
 
 
 class OptunaSearch(PlanningSweeper):
-    """Hydra sweeper: an Optuna study on ask-and-tell (see the module's docstring). While it runs, it
-    asks (``next_job``) and tells (``on_done``) from the pool's loop, keeps the budget, and records
-    the heartbeats of its running trials from a thread of its own; every call on the study's
-    database goes through ``_db``, which waits out an outage."""
+    """Hydra sweeper: an Optuna study on ask-and-tell. It asks (``next_job``) and tells (``on_done``)
+    from the pool's loop, records its trials' heartbeats from a thread of its own, and reaches the
+    study's database through ``_db``, which waits out an outage."""
 
     def __init__(
         self,
@@ -382,63 +333,33 @@ class OptunaSearch(PlanningSweeper):
         self.returns: list[JobReturn] = []  # one per job, in the order they ended
         self.lock = threading.RLock()  # the pool may call back from its own threads; so does the heartbeat
         self.down_since: float | None = None  # when the study's database stopped answering
-        self.outage: StorageOutage | None = None  # it did not answer for storage_outage_s
+        self.outage: _StorageOutage | None = None  # it did not answer for storage_outage_s
 
     def run(self, arguments: list[str]) -> list[JobReturn]:
-        """The search. Bad settings, or a database out of reach at the start, raise ConfigError (one
-        line, exit 2); a database that stops answering for ``storage_outage_s`` while it runs,
-        StorageOutage (one line, exit 1)."""
-        import optuna
-
-        cfg = self.config
-        if self.direction not in ("maximize", "minimize"):
-            raise ConfigError(f"hydra.sweeper.direction={self.direction}: choose maximize or minimize")
-        if self.n_trials < 1:
-            raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
-        quiet_optuna()
-        max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
-        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
-        pruner = make_pruner(pruner_spec)  # one it does not know: a ConfigError
-        self.space = space = search_space(self.params, arguments)
-        if not space.distributions:
-            raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
-        enqueued = parse_enqueued(self.enqueue)
-        self._check_space(space)
-        name = self.study_name or study_name_of(cfg.experiment_name, arguments, space, self.direction)
-        self.url = url = storage_url(self.storage, str(cfg.storage.root), name)
-        self.where = database_address(url)
-        self.study = optuna.create_study(
-            study_name=name,
-            storage=open_storage(url, self.heartbeat_interval, self.max_retry, self.storage_outage_s),
-            sampler=make_sampler(self.sampler_spec),
-            pruner=pruner,
-            direction=self.direction,
-            load_if_exists=True,
-        )
-        if enqueued and not self.study.get_trials(deepcopy=False):  # the worker that found it empty
-            for params in enqueued:
-                self.study.enqueue_trial(params)
-        self.sweep_dir = Path(cfg.hydra.sweep.dir)
+        """The search. Bad settings, or a database out of reach at the start: ConfigError (exit 2); a
+        database that stops answering for ``storage_outage_s`` while it runs: _StorageOutage (exit 1)."""
+        self._open_study(arguments)
+        self.sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_record.start(self.sweep_dir, [*(f"{k}={v}" for k, v in self.params.items()), *arguments])
         # The same command into the same folder: its trials are jobs after the earlier attempts' ones.
         self.first_job = 1 + max((e["job_num"] for e in sweep_record.read(self.sweep_dir)[0]), default=-1)
-        OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
-        self.trial_env = {"storage": url, "study": name, "pruner": pruner_spec}
-        self.metric = str(cfg.optimized_metric)
+        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+        self.metric = str(self.config.optimized_metric)
         budget = self.budget()  # a dead sweep's trials are failed (and retried) first
+        name = self.study.study_name
         log.info(
-            f"Optuna study {name} in {redact_text(url)}: {budget.spent} of {self.n_trials} trials spent, "
-            f"{budget.running} running in other sweeps; sampler {self.sampler_spec.get('name', 'tpe')}, "
-            f"pruner {self.pruner_name}"
+            f"Optuna study {name} in {redact_text(self.url)}: {budget.spent} of {self.n_trials} trials "
+            f"spent, {budget.running} running in other sweeps; sampler "
+            f"{self.sampler_spec.get('name', 'tpe')}, pruner {self.pruner_name}"
         )
         if budget.done(self.n_trials):
             log.warning(
                 f"study {name} already has its {self.n_trials} trials ({budget.spent} spent), so nothing "
-                f"is left to run; the report and {BEST_TRIAL_FILE} are the study's. To search on: "
+                f"is left to run; the report and {_BEST_TRIAL_FILE} are the study's. To search on: "
                 f"hydra.sweeper.n_trials={budget.spent + self.n_trials} (or more); to start another "
                 "study: hydra.sweeper.study_name=<name>"
             )
-            record_study(self.study, self.sweep_dir)
+            _record_study(self.study, self.sweep_dir)
         stopped = threading.Event()
         heartbeat = threading.Thread(target=self._beat, args=(stopped,), name="optuna-heartbeat", daemon=True)
         heartbeat.start()
@@ -450,10 +371,43 @@ class OptunaSearch(PlanningSweeper):
         self._db(self._write_best_trial, final=True)
         return self.returns
 
+    def _open_study(self, arguments: list[str]) -> None:
+        """The settings checked, the space parsed and checked, and the study opened (or continued)."""
+        import optuna
+
+        cfg = self.config
+        if self.direction not in ("maximize", "minimize"):
+            raise ConfigError(f"hydra.sweeper.direction={self.direction}: choose maximize or minimize")
+        if self.n_trials < 1:
+            raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
+        quiet_optuna()
+        max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
+        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
+        pruner = make_pruner(pruner_spec)  # one it does not know: a ConfigError
+        self.space = search_space(self.params, arguments)
+        if not self.space.distributions:
+            raise ConfigError("hparams_search: no parameter to search (hydra.sweeper.params is empty)")
+        enqueued = parse_enqueued(self.enqueue)
+        self._check_space(self.space)
+        name = self.study_name or study_name_of(cfg.experiment_name, arguments, self.space, self.direction)
+        self.url = storage_url(self.storage, str(cfg.storage.root), name)
+        self.where = _database_address(self.url)
+        self.study = optuna.create_study(
+            study_name=name,
+            storage=_open_storage(self.url, self.heartbeat_interval, self.max_retry, self.storage_outage_s),
+            sampler=_make_sampler(self.sampler_spec),
+            pruner=pruner,
+            direction=self.direction,
+            load_if_exists=True,
+        )
+        if enqueued and not self.study.get_trials(deepcopy=False):  # the worker that found it empty
+            for params in enqueued:
+                self.study.enqueue_trial(params)
+        self.trial_env = {"storage": self.url, "study": name, "pruner": pruner_spec}
+
     def check_composes(self, overrides: list[str]) -> JobPlan:
-        """A ConfigError (one line) when a trial's overrides do not compose (``model=choice(mlp,
-        nosuch)``), or when it would share a run name or folder with an earlier trial of this sweep
-        that trains differently (``multirun.distinct_runs``): said before its job starts."""
+        """A ConfigError (one line) when a trial's overrides do not compose, or when it would share a
+        run name or folder with an earlier trial that trains differently: before its job starts."""
         assert self.hydra_context is not None and self.config is not None
         refusal = "the search's overrides {} do not compose"
         plan = plan_job(self.hydra_context, self.config, overrides, len(self.plans), refusal)
@@ -461,10 +415,8 @@ class OptunaSearch(PlanningSweeper):
         self.plans.append(plan)  # a refused trial is not one the later ones are checked against
         return plan
 
-    def _check_space(self, space: SearchSpace) -> None:
-        """Before any trial: every choice of every categorical parameter composes, and trials at the
-        two ends of the space get folders of their own (a fixed ``run_name`` or ``hydra.run.dir`` is
-        refused)."""
+    def _check_space(self, space: _SearchSpace) -> None:
+        """Before any trial: every choice composes, and the space's two ends get folders of their own."""
         ends = {
             name: d.choices if hasattr(d, "choices") else (d.low, d.high)
             for name, d in space.distributions.items()
@@ -477,10 +429,7 @@ class OptunaSearch(PlanningSweeper):
         self.plans.clear()  # what they checked; the trials are checked against each other
 
     def _run_async(self) -> None:
-        """Ask whenever the pool has room, tell as each job ends; when the rest of the budget is held
-        by other workers' trials, wait for them (a dead worker's trials turn stale and come back as
-        retries) until the study has n_trials spent. After an outage the pool has stopped every job
-        (``stop``)."""
+        """Ask whenever the pool has room and tell as jobs end, until the study has n_trials spent."""
         while True:
             # Job numbers go on from the last run_queue's: every job it was given has ended.
             self.launcher.run_queue(
@@ -492,8 +441,7 @@ class OptunaSearch(PlanningSweeper):
                 return
 
     def _run_batches(self) -> None:
-        """Launchers without ``run_queue`` (joblib, submitit): batches of ``n_jobs`` trials. A trial
-        that fails a rule ends its batch and is never launched (``_not_started``)."""
+        """Batches of ``n_jobs`` trials for launchers without ``run_queue``; a refused trial ends a batch."""
         job_idx = self.first_job
         while True:
             batch, refused = [], None
@@ -504,34 +452,27 @@ class OptunaSearch(PlanningSweeper):
                     break
                 batch.append(job)
             if batch:
-                overrides = [
-                    [*job.overrides, f"++hydra.job.env_set.{TRIAL_ENV}={_quoted(job.env[TRIAL_ENV])}"]
-                    for job in batch
-                ]
+                trial_env = f"++hydra.job.env_set.{TRIAL_ENV}="
+                overrides = [[*job.overrides, trial_env + _quoted(job.env[TRIAL_ENV])] for job in batch]
                 returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
                 for offset, job_return in enumerate(returns):
                     self.on_done(job_idx + offset, job_return)
                 job_idx += len(batch)
             if refused is not None:
-                self.on_done(job_idx, self._not_started(job_idx, refused))
+                self.on_done(job_idx, self._refused(job_idx, refused))
                 job_idx += 1
             if self.outage is not None:
                 raise self.outage
             if not batch and refused is None and self.finished_waiting():
                 return
 
-    def _not_started(self, job_idx: int, job: QueuedJob) -> JobReturn:
-        """A trial that fails a rule, under a launcher without ``run_queue``: its summary.json and
-        the sweep's record say why it never started, as the pool's do for a job it refuses."""
-        assert self.hydra_context is not None and self.config is not None and job.refusal is not None
+    def _refused(self, job_idx: int, job: QueuedJob) -> JobReturn:
+        """A trial that fails a rule, never launched: its summary.json and the sweep's record say why."""
         sweep_hydra_config = HydraConfig.instance().cfg
         job_dir = self.sweep_dir / str(job_idx)
-        log.error("job %d not started: %s", job_idx, job.refusal)
         try:
             config = job_config(self.hydra_context, self.config, job.overrides, job_idx)
-            summary = failed_summary(config, job_dir, job.refusal)
-            summary.write(job_dir / "summary.json")
-            record_job(config.hydra, job_dir, summary.to_dict(), sweep_record.NOT_STARTED)
+            not_started(config, job_dir, str(job.refusal)).write(job_dir / "summary.json")
         finally:
             HydraConfig.instance().cfg = sweep_hydra_config
         return JobReturn(working_dir=str(job_dir))
@@ -539,42 +480,16 @@ class OptunaSearch(PlanningSweeper):
     # --- the study's database, and the trials of this worker --------------------------------------
 
     def _db(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``call`` on the study's database. While the database does not answer (a restart, a
-        failover, a network blip) it is tried again each second, for up to ``storage_outage_s`` from
-        the first failure; past that the running trials are stopped at a checkpoint and StorageOutage
-        is raised, then and by every later call."""
+        """``call`` on the study's database, retried each second for ``storage_outage_s``, then an outage."""
         with self.lock:
             while self.outage is None:
                 try:
                     result = call(*args, **kwargs)
                 except Exception as error:
-                    if not connection_lost(error):
+                    if not _connection_lost(error):
                         raise
-                    now, reason = time.monotonic(), database_error(error)
-                    if self.down_since is None:
-                        self.down_since = now
-                        log.warning(
-                            f"the study's database {self.where} does not answer ({reason}): trying again "
-                            f"for up to {self.storage_outage_s:.0f} s (hydra.sweeper.storage_outage_s)"
-                        )
-                    if now - self.down_since < self.storage_outage_s:
-                        time.sleep(1.0)
-                        continue
-                    stopping = bool(self.running) and hasattr(self.launcher, "stop")
-                    stopped = (
-                        "stopped its running trials at a checkpoint"
-                        if stopping
-                        else "stopped (no trial was running)"
-                    )
-                    resume = " (the stopped trials resume)" if stopping else ""
-                    self.outage = StorageOutage(
-                        f"the study's database {self.where} did not answer for {self.storage_outage_s:.0f} s "
-                        f"(hydra.sweeper.storage_outage_s; {reason}), so the sweep {stopped}: run the same "
-                        f"command once the database is back, and the study continues where it stopped{resume}"
-                    )
-                    if stopping:  # at a checkpoint, as on SIGTERM
-                        self.launcher.stop("an outage of the study's database")
-                    break
+                    self._wait_for_database(database_error(error))  # a second more, or the outage
+                    continue
                 if self.down_since is not None:
                     took = time.monotonic() - self.down_since
                     log.info(f"the study's database {self.where} answers again after {took:.0f} s")
@@ -582,14 +497,36 @@ class OptunaSearch(PlanningSweeper):
                 return result
             raise self.outage
 
-    def budget(self) -> Budget:
+    def _wait_for_database(self, reason: str) -> None:
+        """Sleep a second while within ``storage_outage_s`` of the first failure; past it, the outage."""
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
+            log.warning(
+                f"the study's database {self.where} does not answer ({reason}): trying again "
+                f"for up to {self.storage_outage_s:.0f} s (hydra.sweeper.storage_outage_s)"
+            )
+        if now - self.down_since < self.storage_outage_s:
+            time.sleep(1.0)
+            return
+        stopping = bool(self.running) and hasattr(self.launcher, "stop")
+        stopped = (
+            "stopped its running trials at a checkpoint" if stopping else "stopped (no trial was running)"
+        )
+        self.outage = _StorageOutage(
+            f"the study's database {self.where} did not answer for {self.storage_outage_s:.0f} s "
+            f"(hydra.sweeper.storage_outage_s; {reason}), so the sweep {stopped}: run the same "
+            "command once the database is back, and the study continues where it stopped"
+            + (" (the stopped trials resume)" if stopping else "")
+        )
+        if stopping:  # at a checkpoint, as on SIGTERM
+            self.launcher.stop("an outage of the study's database")
+
+    def budget(self) -> _Budget:
         import optuna
 
-        def read() -> Budget:
-            optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials, failed and retried
-            return budget_of(self.study.get_trials(deepcopy=False))
-
-        return self._db(read)
+        self._db(optuna.storages.fail_stale_trials, self.study)  # a dead worker's trials, failed and retried
+        return budget_of(self._db(self.study.get_trials, deepcopy=False))
 
     def next_job(self, job_idx: int) -> QueuedJob | None:
         """The next trial as a job, or None while the budget is spent or held by running trials. A
@@ -598,7 +535,7 @@ class OptunaSearch(PlanningSweeper):
         with self.lock:
             try:
                 return self._ask(job_idx)
-            except StorageOutage:
+            except _StorageOutage:
                 return None
 
     def _ask(self, job_idx: int) -> QueuedJob | None:
@@ -615,12 +552,8 @@ class OptunaSearch(PlanningSweeper):
             return None
         if (earlier := self._completed_attempt(trial, trials)) is not None:  # told, not trained again
             folder = earlier.user_attrs["job_dir"]
-            log.info(
-                "trial %d: told from trial %d, which completed in %s while the study's database was down",
-                trial.number,
-                earlier.number,
-                folder,
-            )
+            told = f"trial {trial.number}: told from trial {earlier.number}, which completed in {folder}"
+            log.info(f"{told} while the study's database was down")
             self._db(trial.set_user_attr, "job_dir", folder)
             self._db(self._tell, trial, _job_summary(earlier))
             return self._ask(job_idx)
@@ -641,23 +574,19 @@ class OptunaSearch(PlanningSweeper):
         return QueuedJob(overrides=overrides, env=env, refusal=refusal)
 
     def _completed_attempt(self, trial: Any, trials: Sequence[Any]) -> Any | None:
-        """For a retried trial: an earlier attempt that completed but was never told (the database was
-        down as it ended), found by its job's summary.json wherever that folder is readable
-        (docs/sweeps.md: workers that share no log folder cannot)."""
+        """An earlier attempt of a retried trial that completed but was never told (database down)."""
         import optuna
 
         by_number = {t.number: t for t in trials}
         for number in optuna.storages.RetryFailedTrialCallback.retry_history(by_number[trial.number]):
             summary = _job_summary(by_number[number])
-            if summary.get("status") == "completed" and finite(
-                (summary.get("metrics") or {}).get(self.metric)
-            ):
+            metric = (summary.get("metrics") or {}).get(self.metric)
+            if summary.get("status") == "completed" and finite(metric):
                 return by_number[number]
         return None
 
     def _give_back(self, trial: Any, trials: Sequence[Any]) -> None:
-        """Another worker asked at the same moment and this trial is over the budget: mark it unused;
-        an enqueued or retried trial goes back to the queue."""
+        """Over the budget: the trial unused; an enqueued or retried one goes back to the queue."""
         import optuna
 
         frozen = next(t for t in trials if t.number == trial.number)
@@ -674,8 +603,8 @@ class OptunaSearch(PlanningSweeper):
             )
 
     def on_done(self, job_idx: int, job_return: JobReturn) -> None:
-        """Tell the study how the trial of ``job_idx`` ended (summary.json's status). After an outage
-        it stays running in the study: the same command retries it, from its checkpoint."""
+        """Tell the study how the trial of ``job_idx`` ended (its summary in the sweep's record).
+        After an outage it stays running in the study: the same command retries it, from its checkpoint."""
         with self.lock:
             trial = self.running.pop(job_idx)
             self.returns.append(job_return)
@@ -683,7 +612,7 @@ class OptunaSearch(PlanningSweeper):
             summary = (entry or {}).get("summary") or {}  # none: an entry point that stores no run
             try:
                 self._db(self._tell, trial, summary)
-            except StorageOutage:
+            except _StorageOutage:
                 log.warning("trial %d not told: the study's database does not answer", trial.number)
 
     def _tell(self, trial: Any, summary: dict[str, Any]) -> None:
@@ -703,29 +632,26 @@ class OptunaSearch(PlanningSweeper):
             log.info("trial %d pruned at epoch %s", trial.number, summary.get("pruned_epoch"))
         elif status == "interrupted":  # SIGTERM: retried, and the retry resumes from its checkpoint
             frozen = self.study._storage.get_trial(trial._trial_id)
-            # The storage's callback: the one that knows hydra.sweeper.max_retry (open_storage).
+            # The storage's callback: the one that knows hydra.sweeper.max_retry (_open_storage).
             self.study._storage.get_heartbeat_stale_trial_callback()(self.study, frozen)
             log.warning("trial %d interrupted: the same command retries it", trial.number)
         else:
-            why = summary.get("error") or (
-                f"{self.metric} was not logged" if status == "completed" else "no summary.json"
-            )
-            log.warning("trial %d failed: %s", trial.number, why)
+            lost = f"{self.metric} was not logged" if status == "completed" else "no summary.json"
+            log.warning("trial %d failed: %s", trial.number, summary.get("error") or lost)
 
     def _beat(self, stopped: threading.Event) -> None:
-        """Records the heartbeats of this worker's running trials every ``heartbeat_interval``
-        seconds, until the search ends or its database stays out of reach too long."""
+        """The heartbeats of this worker's running trials, until the search ends or the database is gone."""
         while not stopped.wait(self.heartbeat_interval):
             with self.lock:
                 try:
                     for trial in self.running.values():
                         self._db(self.study._storage.record_heartbeat, trial._trial_id)
-                except StorageOutage:
+                except _StorageOutage:
                     return
 
     def finished_waiting(self) -> bool:
-        """After this worker's queue ran dry: True when the study is done; otherwise wait until a
-        trial can be asked again (a running trial elsewhere failed or went stale) and return False."""
+        """True when the study is done; otherwise wait until a trial can be asked again (a running
+        trial elsewhere failed or went stale) and return False."""
         while True:
             budget = self.budget()
             if budget.done(self.n_trials):
@@ -735,16 +661,41 @@ class OptunaSearch(PlanningSweeper):
             time.sleep(WAIT_FOR_OTHERS_S)
 
     def _write_best_trial(self, final: bool = False) -> None:
-        """best_trial.yaml: after every completed trial, so a long search shows its best so far, and
-        at the end of the search, which says what it holds."""
-        record = best_trial_record(self.study, self.space, self.url, self.n_trials)
-        path = self.sweep_dir / BEST_TRIAL_FILE
+        """best_trial.yaml, after every completed trial and at the end (``final``: say what it holds)."""
+        record = self._best_trial()
+        path = self.sweep_dir / _BEST_TRIAL_FILE
         if record is not None:
             write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(record)))
         if final and record is None:
             log.warning("no trial of study %s completed: no %s", self.study.study_name, path.name)
         elif final:
             log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
+
+    def _best_trial(self) -> dict[str, Any] | None:
+        """best_trial.yaml's content: the best trial, its value, the command that trains it, the counts."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        if not any(t.state == TrialState.COMPLETE for t in trials):
+            return None
+        best = self.study.best_trial
+        fixed = [a for a in self.space.fixed if not a.startswith(_SEARCH_ONLY) and not a.startswith("hydra.")]
+        command = ["litlab-train", *fixed, *trial_overrides(best.params)]
+        counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
+        plain = (int, float, bool, type(None))
+        return {
+            "study": self.study.study_name,
+            "storage": redact_text(self.url),
+            "direction": self.study.direction.name.lower(),
+            "trial": best.number,
+            "value": best.value,
+            "params": {name: v if isinstance(v, plain) else str(v) for name, v in best.params.items()},
+            "command": " ".join(shlex.quote(part) for part in command),
+            "job_dir": best.user_attrs.get("job_dir"),
+            "host": best.user_attrs.get("host"),
+            "n_trials": self.n_trials,
+            "trials": {state: count for state, count in counts.items() if count},
+        }
 
 
 def _job_summary(trial: Any) -> dict[str, Any]:
@@ -753,9 +704,8 @@ def _job_summary(trial: Any) -> dict[str, Any]:
     return (sweep_record.read_json(Path(folder) / "summary.json") if folder else None) or {}
 
 
-def record_study(study: optuna.Study, sweep_dir: Path) -> None:
-    """The sweep's record of a study that was complete before it started: each of its trials, as
-    skipped, with the summary of the job that ran it (found through the trial's ``job_dir``)."""
+def _record_study(study: optuna.Study, sweep_dir: Path) -> None:
+    """The sweep's record of a study complete before it started: each trial skipped, with its summary."""
     for trial in study.get_trials(deepcopy=False):
         summary = _job_summary(trial)
         if summary and not trial.user_attrs.get(UNUSED_ATTR):
@@ -773,39 +723,3 @@ def record_study(study: optuna.Study, sweep_dir: Path) -> None:
 
 def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-# --- the best trial ------------------------------------------------------------------------------
-
-
-def best_trial_record(
-    study: optuna.Study, space: SearchSpace, url: str, n_trials: int
-) -> dict[str, Any] | None:
-    """What best_trial.yaml says: the best completed trial, its parameters and value, the command
-    that trains it alone, and the study's counts."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    if not any(t.state == TrialState.COMPLETE for t in trials):
-        return None
-    best = study.best_trial
-    fixed = [a for a in space.fixed if not a.startswith(_SEARCH_ONLY) and not a.startswith("hydra.")]
-    command = ["litlab-train", *fixed, *trial_overrides(best.params)]
-    counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
-    return {
-        "study": study.study_name,
-        "storage": redact_text(url),
-        "direction": study.direction.name.lower(),
-        "trial": best.number,
-        "value": best.value,
-        "params": {name: _plain(value) for name, value in best.params.items()},
-        "command": " ".join(shlex.quote(part) for part in command),
-        "job_dir": best.user_attrs.get("job_dir"),
-        "host": best.user_attrs.get("host"),
-        "n_trials": n_trials,
-        "trials": {state: count for state, count in counts.items() if count},
-    }
-
-
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, (int, float, bool, type(None))) else str(value)

@@ -1,7 +1,5 @@
 """The Hydra callback that ends every multirun with its report (src/litlab/conf/hydra/default.yaml).
-
-Nothing here imports torch or matplotlib at import time: Hydra instantiates the callback in every run.
-"""
+Hydra instantiates it in every run, so nothing here imports torch or matplotlib at import time."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class SweepReport(Callback):
-    """Hydra callback (``hydra.callbacks``): writes the report into the sweep directory when a
-    multirun ends, then exits non-zero if any job did not complete (failed, interrupted, or its run
-    was running elsewhere), so scripts notice (a pruned Optuna trial ended as its search wanted)."""
+    """Writes the report into the sweep directory when a multirun ends, then exits 1 if a job did not
+    complete, so scripts notice."""
 
     def __init__(
         self, baseline: str = DEFAULT_BASELINE, metric: str | None = None, tasks: Sequence[str] = ("train",)
@@ -43,7 +40,7 @@ class SweepReport(Callback):
             atexit.register(self._report_at_exit, Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, stopped: str | None = None, **kwargs: Any) -> None:
-        """``stopped``: why the sweep stopped before its end (its sweeper's error, said after the report)."""
+        """``stopped``: why the sweep stopped before its end (its sweeper's error)."""
         # Hydra turns an exception raised by a callback into a warning; SystemExit gets through.
         if config.task_name in self.tasks and not self._report(Path(config.hydra.sweep.dir), stopped):
             raise SystemExit(EXIT_FAILED)
@@ -54,13 +51,11 @@ class SweepReport(Callback):
             self._report(sweep_dir)
 
     def _report(self, sweep_dir: Path, stopped: str | None = None) -> bool:
-        """Write the sweep's report; False where a row did not complete or no report could be written.
-        A sweep without a job to report failed nothing (a search whose study already has n_trials,
-        run again)."""
+        """Write the sweep's report; False where a row did not complete or no report could be written."""
         self._written = True
         try:
             report = report_runs([sweep_dir], sweep_dir, self.baseline, self.metric, stopped)
-        except NoRuns:
+        except NoRuns:  # failed nothing (a search whose study already has n_trials, run again)
             log.info("no job ran to its end in %s, so there is no report", sweep_dir)
             return True
         except CompareError as error:  # says all in one sentence (a bad baseline, an unreadable record)

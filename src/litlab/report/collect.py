@@ -1,8 +1,5 @@
 """Find the runs of sweeps and run directories: each ``RunResult`` is one attempt at a run, as a
-sweep's record (``litlab.run.sweep_record``) or a run folder's summary.json holds it (a job folder
-without one: what its config says, ``Summary.failed``; ``resume=never``'s ``.replaced-*`` folders are
-no runs). Nothing here imports torch.
-"""
+sweep's record (``litlab.run.sweep_record``) or a run folder's summary.json holds it. No torch here."""
 
 from __future__ import annotations
 
@@ -14,16 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from litlab.run import sweep_record
 from litlab.run.summary import COMPLETED, Summary
 
 # Runs of different versions of the user's code differ in this pseudo key: code_fingerprint's first 8 hex.
 CODE_KEY = "code"
-# Config keys whose value summary.json records as it ran (devices "auto" resolved, the micro-batch
-# derived from a global batch).
-RECORDED = {
+# Config keys whose value summary.json records as it ran (devices "auto" resolved, a derived micro-batch).
+_RECORDED = {
     "trainer.accumulate_grad_batches": "accumulate_grad_batches",
     "trainer.devices": "devices",
     "trainer.num_nodes": "num_nodes",
@@ -33,7 +29,7 @@ RECORDED = {
     "optimized_metric_mode": "optimized_metric_mode",
 }
 # Baseline keys may name a summary.json field; they mean the config key the user sweeps.
-ALIASES = {name: key for key, name in RECORDED.items()} | {
+ALIASES = {name: key for key, name in _RECORDED.items()} | {
     "accumulation": "trainer.accumulate_grad_batches",
     "batch_size": "data.batch_size",
 }
@@ -49,8 +45,8 @@ class NoRuns(CompareError):
 
 @dataclass
 class RunResult:
-    """One attempt at a run: its summary; for a sweep's job, how the job ended (``sweep_record``'s
-    outcome, note); its ``timings`` (``timing``), every attempt's once its attempts are counted as one."""
+    """One attempt at a run: its summary, how a sweep's job ended, and its timings (all its attempts'
+    once they are counted as one run)."""
 
     label: str
     dir: Path
@@ -62,35 +58,34 @@ class RunResult:
     timings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.timings = self.timings or timing(self.summary)
+        self.timings = self.timings or _timing(self.summary)
 
     @functools.cached_property
     def values(self) -> dict[str, Any]:
-        """The run's value of every config key, from its summary: overrides, then settings, what it
-        recorded as it ran, its code version (``code``) and its groups' options, the later winning."""
+        """Each config key's value: overrides, settings, what it recorded, ``code``, groups; the later win."""
         summary = self.summary
         merged = {override_key(o): _typed(o) for o in summary.overrides or []}
         merged.update(summary.settings or {})
-        recorded = {key: getattr(summary, name) for key, name in RECORDED.items()}
+        recorded = {key: getattr(summary, name) for key, name in _RECORDED.items()}
         merged.update({key: value for key, value in recorded.items() if value is not None})
         merged[CODE_KEY] = summary.code_fingerprint[:8] if summary.code_fingerprint else None
         return {**merged, **(summary.groups or {})}
 
 
-def timing(summary: Summary) -> list[dict[str, Any]]:
-    """A completed attempt's timing and its conditions: ``shared`` with other jobs or runs, and ``by``
-    which start of which sweep (the pool's ``timed_by``; older records' sweep folder; its own start)."""
+def _timing(summary: Summary) -> list[dict[str, Any]]:
+    """A completed attempt's timing: ``shared`` with other jobs or runs, ``by`` which start of a sweep."""
     throughput, sweep = summary.throughput or {}, summary.sweep or {}
     if summary.status != COMPLETED or throughput.get("samples_per_second") is None:
         return []
-    by = sweep.get("timed_by") or sweep.get("dir") or summary.started_at
-    shared = bool(sweep.get("beside"))
-    return [{**throughput, "shared": shared, "by": str(by), "started_at": summary.started_at}]
+    by = sweep.get("timed_by") or sweep.get("dir") or summary.started_at  # older records: the sweep folder
+    return [
+        {**throughput, "shared": bool(sweep.get("beside")), "by": str(by), "started_at": summary.started_at}
+    ]
 
 
 @functools.cache
 def _typed(override: str) -> Any:
-    """An override's value as Hydra reads it (``8``, ``[1, 2]``, ``{width: 2}``), or as typed."""
+    """An override's value as Hydra reads it (``8``, ``[1, 2]``), or as typed."""
     try:
         return OverridesParser.create().parse_overrides([override])[0].value()
     except Exception:  # Hydra's grammar does not read it back (``data.name=a=b``): the text
@@ -104,8 +99,7 @@ def override_key(override: str) -> str:
 
 
 def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
-    """The runs in each path: a sweep directory with its record (one run per job), a run directory
-    (summary.json or .hydra/), or a folder of run directories."""
+    """The runs in each path: a sweep's record, a run directory, or a folder of run directories."""
     paths = [Path(p) for p in paths]
     runs: list[RunResult] = []
     for path in paths:
@@ -116,15 +110,16 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
         if record is not None:
             runs.extend(_recorded_runs(path, *record, prefix=prefix))
             continue
-        if is_run_dir(path):
-            runs.append(load_run(path, label=path.name))
+        if _is_run_dir(path):
+            runs.append(_load_run(path, label=path.name))
             continue
-        jobs = [d for d in path.iterdir() if d.is_dir() and is_run_dir(d) and ".replaced-" not in d.name]
+        # resume=never's .replaced-* folders are no runs
+        jobs = [d for d in path.iterdir() if d.is_dir() and _is_run_dir(d) and ".replaced-" not in d.name]
         if not jobs:
             raise NoRuns(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
-        runs.extend(load_run(job, label=f"{prefix}{job.name}") for job in sorted(jobs, key=_job_order))
+        runs.extend(_load_run(job, label=f"{prefix}{job.name}") for job in sorted(jobs, key=_job_order))
     return runs
 
 
@@ -155,8 +150,8 @@ def _recorded_runs(
     return list(runs.values())
 
 
-def is_run_dir(path: Path) -> bool:
-    """A run's or a job's folder: it has summary.json, or the .hydra/ record its process starts with."""
+def _is_run_dir(path: Path) -> bool:
+    """It has summary.json, or the .hydra/ record a job's process starts with."""
     return (path / "summary.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
 
 
@@ -164,23 +159,22 @@ def _job_order(path: Path) -> tuple[int, str]:
     return (int(path.name), "") if path.name.isdigit() else (sys.maxsize, path.name)
 
 
-def load_run(run_dir: Path, label: str) -> RunResult:
-    """A run's summary.json and config; a job that wrote no summary.json is a failed run."""
-    candidates = (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml")
-    config = next((OmegaConf.load(p) for p in candidates if p.is_file()), None)
+def _load_run(run_dir: Path, label: str) -> RunResult:
+    """A run's summary.json; a job that wrote none is a failed run, as its .hydra/ config says."""
     summary_path = run_dir / "summary.json"
-    summary = Summary.load(summary_path) if summary_path.is_file() else _stand_in(run_dir, config)
+    summary = Summary.load(summary_path) if summary_path.is_file() else _stand_in(run_dir)
     return RunResult(label=label, dir=run_dir, summary=summary)
 
 
-def _stand_in(run_dir: Path, config: DictConfig | None) -> Summary:
-    """What a job folder without summary.json says of its run: what its .hydra/ config says."""
+def _stand_in(run_dir: Path) -> Summary:
+    candidates = (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml")
+    config = next((OmegaConf.load(p) for p in candidates if p.is_file()), None)
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if overrides_file.is_file():  # the overrides as typed (hydra.yaml's are the same, resolved)
         hydra.overrides = {"task": OmegaConf.load(overrides_file)}
-    return Summary.failed(
+    return Summary.of(
         config if config is not None else OmegaConf.create(),
         "no summary.json: the job's process was killed, or it is still running",
         run_dir=run_dir,

@@ -1,5 +1,5 @@
 """Compare runs: one row per configuration against its baseline (speed-up, memory ratio, metric
-delta), built by ``build_report``; what a row counts and combines is in docs/sweeps.md."""
+delta); what a row counts and combines is in docs/sweeps.md."""
 
 from __future__ import annotations
 
@@ -16,19 +16,21 @@ from litlab.run.summary import COMPLETED, INTERRUPTED, NOT_STARTED, PRUNED, Summ
 from litlab.run.sweep_record import SKIPPED
 
 DEFAULT_BASELINE = "precision=fp32 trainer.accumulate_grad_batches=1"
-# Runs that differ only in this key are repeats of one configuration: one row, with statistics.
-REPEAT_KEY = "seed"
+_REPEAT_KEY = "seed"  # runs that differ only in it are repeats of one configuration: one row
 DEVICE_KEYS = {"trainer.devices", "trainer.num_nodes"}
 # Keys with a column of their own; other keys that differ between runs go into the "differs" column.
 _OWN_COLUMN = {"precision", "trainer.accumulate_grad_batches", *DEVICE_KEYS}
-# The micro-batch column's key: left out of "differs" for runs that recorded their settings, which
-# hold it whenever it differs (for other runs, only a command line that swept it names it).
+# The micro-batch column's key: in "differs" only for runs without recorded settings (which hold it).
 MICRO_BATCH = "data.batch_size"
 # Groups that choose which jobs a multirun has, not how a run trains (their settings are overrides).
 _NOT_SETTINGS = {"sweep", "hparams_search"}
+# A row's fields as its first run's summary recorded them.
+_AS_RECORDED = ("status", "accumulate_grad_batches", "devices", "num_nodes", "micro_batch_size")
+_AS_RECORDED += ("effective_batch_size", "pruned_epoch")
 # What compares a row with its baseline (``_compare``): None until then.
 _COMPARED = ("speed_up", "speed_up_p_value", "speed_up_significant", "timed_apart", "memory_ratio")
 _COMPARED += ("metric_delta", "metric_delta_p_value", "metric_delta_significant", "seconds_to_baseline")
+_COMPARED += ("baseline", "not_tested")
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Report:
     metric_mode: str  # "max": higher is better; "min": lower is better (a loss, a perplexity)
     test_metric: str | None
     baseline: str
-    swept_keys: list[str]  # keys whose value differs between the configurations (``_swept_keys``)
+    swept_keys: list[str]  # keys whose value differs between the configurations
     context_keys: list[str]  # besides devices x nodes, what a row and its baseline share
     throughput_unit: str = "samples"  # "tokens" when every completed run counted tokens
     sources: list[Path] = field(default_factory=list)
@@ -49,11 +51,10 @@ class Report:
 
     @property
     def unfinished(self) -> list[dict[str, Any]]:
-        """Rows of runs that did not complete (``unfinished``); a sweep or litlab-compare with any exits 1."""
+        """Rows that did not complete; a sweep or litlab-compare with any exits 1."""
         return [row for row in self.rows if unfinished(row)]
 
     def unfinished_line(self, report_md: Path) -> str:
-        """What a sweep and litlab-compare say before they exit 1."""
         return f"{len(self.unfinished)} of {len(self.rows)} rows did not complete: see {report_md}"
 
     @property
@@ -62,18 +63,15 @@ class Report:
 
 
 def unfinished(row: dict[str, Any]) -> bool:
-    """Whether a row's run did not complete: failed, interrupted, not started, running here or
-    elsewhere (a pruned trial ended where its search wanted it to)."""
+    """Failed, interrupted, not started or running (a pruned trial ended as its search wanted)."""
     return row["status"] not in (COMPLETED, PRUNED)
 
 
 def build_report(
     runs: Sequence[RunResult], baseline: str = DEFAULT_BASELINE, metric: str | None = None
 ) -> Report:
-    """One row per configuration, each compared with its baseline: the first completed configuration
-    that matches ``baseline`` (``key=value ...``) with the same devices x nodes and value of every other
-    differing key (the code version among them); naming ``trainer.devices`` compares every device
-    count with one, naming ``seed`` compares single seeds. ``metric``: ``name[:min|max]``."""
+    """One row per configuration, each compared with its baseline (``key=value ...``, docs/sweeps.md).
+    ``metric``: ``name[:min|max]``."""
     if not runs:
         raise CompareError("no runs to compare")
     runs, notes = _distinct_runs(runs)
@@ -81,32 +79,12 @@ def build_report(
     metric, mode = _metric(runs, metric)
     test = "test/" + metric.split("/", 1)[1] if metric and metric.startswith("val/") else None
     swept = _swept_keys(runs)
-    repeat_key = REPEAT_KEY if REPEAT_KEY in swept and REPEAT_KEY not in spec else None
+    repeat_key = _REPEAT_KEY if _REPEAT_KEY in swept and _REPEAT_KEY not in spec else None
     settings = [k for k in swept if k != repeat_key]
     context_keys = [k for k in settings if k not in spec and k not in DEVICE_KEYS]
-    compare_devices = not (DEVICE_KEYS & spec.keys())
-
-    def context(run: RunResult) -> str:
-        devices = [run.summary.devices, run.summary.num_nodes] if compare_devices else []
-        return json.dumps([*devices, *(run.values.get(k) for k in context_keys)], default=str)
-
     configurations = _configurations(runs, settings, repeat_key)
     rows = [_row(group, metric, test, settings, repeat_key) for group in configurations]
-    contexts = [context(group[0]) for group in configurations]
-    baselines: dict[str, dict[str, Any]] = {}
-    for group, row, key in zip(configurations, rows, contexts, strict=True):
-        matches = row["status"] == COMPLETED and all(
-            _same(group[0].values.get(k), v) for k, v in spec.items()
-        )
-        # Runs resumed across a change are the baseline only where no other configuration matches.
-        if matches and (
-            key not in baselines or (baselines[key]["resumed_across"] and not row["resumed_across"])
-        ):
-            baselines[key] = row
-    for row, key in zip(rows, contexts, strict=True):
-        # A configuration alone in its context (every Optuna trial) has nothing to be compared with.
-        if key in baselines and contexts.count(key) > 1:
-            _compare(row, baselines[key], mode)
+    _compare_with_baselines(configurations, rows, spec, context_keys, mode)
     counted = [row["tokens_per_second"] for row in rows if row["status"] == COMPLETED]
     unit = "tokens" if counted and all(tokens is not None for tokens in counted) else "samples"
     notes += [
@@ -120,9 +98,35 @@ def build_report(
     )
 
 
+def _compare_with_baselines(
+    configurations: list[list[RunResult]],
+    rows: list[dict[str, Any]],
+    spec: dict[str, str],
+    context_keys: list[str],
+    mode: str,
+) -> None:
+    """Compare each row with the first completed row that matches ``spec`` in its context: the same
+    devices x nodes (unless ``spec`` names them) and value of each of ``context_keys``."""
+    with_devices = not (DEVICE_KEYS & spec.keys())
+    contexts, baselines = [], {}
+    for group, row in zip(configurations, rows, strict=True):
+        run = group[0]
+        devices = [run.summary.devices, run.summary.num_nodes] if with_devices else []
+        key = json.dumps([*devices, *(run.values.get(k) for k in context_keys)], default=str)
+        contexts.append(key)
+        matches = row["status"] == COMPLETED and all(_same(run.values.get(k), v) for k, v in spec.items())
+        old = baselines.get(key)
+        # Runs resumed across a change are the baseline only where no other configuration matches.
+        if matches and (old is None or (old["resumed_across"] and not row["resumed_across"])):
+            baselines[key] = row
+    for row, key in zip(rows, contexts, strict=True):
+        # A configuration alone in its context (every Optuna trial) has nothing to be compared with.
+        if key in baselines and contexts.count(key) > 1:
+            _compare(row, baselines[key], mode)
+
+
 def _distinct_runs(runs: Sequence[RunResult]) -> tuple[list[RunResult], list[str]]:
-    """Each run (its name and folder) once: its latest attempt that started, with every attempt's
-    timing; and a note per run reached more than once."""
+    """Each run (name and folder) once: its latest attempt that started, with every attempt's timing."""
     attempts: dict[tuple[Any, ...], list[RunResult]] = {}
     for index, run in enumerate(runs):
         summary = run.summary
@@ -150,9 +154,7 @@ def _recency(run: RunResult) -> tuple[bool, str, str]:
 def _configurations(
     runs: Sequence[RunResult], settings: list[str], repeat_key: str | None
 ) -> list[list[RunResult]]:
-    """The runs grouped into configurations: completed runs of the same devices x nodes, code, change
-    resumed across and settings (older summaries: options, swept values and overrides) but
-    ``repeat_key``; a run that did not complete is one of its own."""
+    """Completed runs alike in all but ``repeat_key`` together; a run that did not complete alone."""
     not_identity = {repeat_key, "hydra", *_NOT_SETTINGS}
     groups: dict[str, list[RunResult]] = {}
     for index, run in enumerate(runs):
@@ -160,11 +162,10 @@ def _configurations(
         if not summary.completed:
             groups[f"not completed {index}"] = [run]
             continue
-        ran: list[Any] = [summary.devices, summary.num_nodes, summary.code_fingerprint]
-        ran.append(summary.resumed_across)
+        ran = [summary.devices, summary.num_nodes, summary.code_fingerprint, summary.resumed_across]
         if summary.settings:
             ran.append({k: v for k, v in summary.settings.items() if k != repeat_key})
-        else:
+        else:  # older summaries: options, swept values and overrides
             ran.append({k: v for k, v in (summary.groups or {}).items() if k not in _NOT_SETTINGS})
             ran.append([run.values.get(k) for k in settings])
             ran.append(sorted(o for o in summary.overrides or [] if override_key(o) not in not_identity))
@@ -186,10 +187,8 @@ def parse_baseline(text: str) -> dict[str, str]:
 
 
 def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str | None, str]:
-    """The metric and its direction: ``asked`` (``name[:min|max]``) or the runs' optimized_metric; a
-    direction not given is optimized_metric_mode, for it and its val/ and test/ twins only. None
-    when nothing names one (``optimized_metric=null``) and no run logged val/acc, which runs from
-    before optimized_metric was recorded optimized."""
+    """The metric and its direction: ``asked`` (``name[:min|max]``) or the runs' optimized_metric
+    (whose mode is also its val/ and test/ twins'); None when nothing names one."""
     first = next((run.values for run in runs if run.values.get("optimized_metric")), {})
     optimized = first.get("optimized_metric")
     logged = sorted({name for run in runs for name in run.summary.metrics or {}})
@@ -211,8 +210,7 @@ def _metric(runs: Sequence[RunResult], asked: str | None) -> tuple[str | None, s
 
 
 def _swept_keys(runs: Sequence[RunResult]) -> list[str]:
-    """Keys whose value differs between the runs (recorded settings, older runs' overrides), and
-    ``code`` when their code versions differ."""
+    """Keys whose value differs between the runs (settings, older runs' overrides), ``code`` among them."""
     recorded = [run for run in runs if run.summary.settings]
     keys = _differing_settings(recorded) if recorded else []
     older = [run for run in runs if not run.summary.settings]
@@ -258,12 +256,27 @@ def _typed_keys(runs: Sequence[RunResult]) -> list[str]:
 
 
 def _same(value: Any, wanted: str) -> bool:
-    if str(value) == wanted:
-        return True
     try:
-        return float(value) == float(wanted)
+        return str(value) == wanted or float(value) == float(wanted)
     except (TypeError, ValueError):
         return False
+
+
+def _latest_per_seed(runs: list[RunResult], repeat_key: str | None) -> dict[Any, Summary]:
+    """Each seed's latest run; a run whose seed is not known is a seed of its own."""
+    seeds: dict[Any, Summary] = {}
+    for index, run in enumerate(runs):
+        seed = run.values.get(repeat_key or _REPEAT_KEY)
+        key = ("run", index) if seed is None else seed
+        if key not in seeds or (run.summary.started_at or "") > (seeds[key].started_at or ""):
+            seeds[key] = run.summary
+    return seeds
+
+
+def _interval(name: str, values: list[Any], comparable: bool = True) -> dict[str, Any]:
+    # A figure some of the seeds lack has no mean: it would be the mean of other runs than n says.
+    mean, low, high = estimate(values) if comparable and values and None not in values else (None,) * 3
+    return {name: mean, f"{name}_ci95_low": low, f"{name}_ci95_high": high}
 
 
 def _row(
@@ -273,54 +286,34 @@ def _row(
     swept: list[str],
     repeat_key: str | None,
 ) -> dict[str, Any]:
-    """A configuration's row: each figure's mean (with its 95 % interval) over one value per distinct
-    seed, throughput over its timings (``_timings``); the comparison with its baseline is ``_compare``'s."""
-    summary = runs[0].summary
-    seeds: dict[Any, Summary] = {}
-    for index, run in enumerate(runs):  # a seed's latest run; a seed not known is a seed of its own
-        seed = run.values.get(repeat_key or REPEAT_KEY)
-        key = ("run", index) if seed is None else seed
-        if key not in seeds or (run.summary.started_at or "") > (seeds[key].started_at or ""):
-            seeds[key] = run.summary
+    """A configuration's row: each figure's mean and 95 % interval over one value per distinct seed,
+    throughput over its timings; ``_compare`` fills in the comparison with its baseline."""
+    summary, seeds, timings = runs[0].summary, _latest_per_seed(runs, repeat_key), _timings(runs)
 
     def each(field: str, name: str | None) -> list[Any]:
         return [(getattr(seed, field) or {}).get(name) for seed in seeds.values()]
 
-    def interval(name: str, values: list[Any], comparable: bool = True) -> dict[str, Any]:
-        # A figure some of the seeds lack has no mean: it would be the mean of other runs than n says.
-        mean, low, high = estimate(values) if comparable and values and None not in values else (None,) * 3
-        return {name: mean, f"{name}_ci95_low": low, f"{name}_ci95_high": high}
-
-    timings = _timings(runs)
     memory_kinds = set(each("memory", "kind"))
     memory_kind = memory_kinds.pop() if len(memory_kinds) == 1 else None
     findings = [entry for run in runs for entry in run.summary.diagnosis or []]  # litlab.run.doctor's
-    precision = summary.precision or {}
     return {
         "run": ", ".join(run.label for run in runs),
-        "status": summary.status,
+        **{name: getattr(summary, name) for name in _AS_RECORDED},
         "n": len(seeds),
         "seeds": [key for key in seeds if not isinstance(key, tuple)] if repeat_key else [],
         "precision": (summary.groups or {}).get("precision"),
-        "precision_requested": precision.get("requested"),
-        "precision_effective": precision.get("effective"),
-        "accumulate_grad_batches": summary.accumulate_grad_batches,
-        "devices": summary.devices,
-        "num_nodes": summary.num_nodes,
-        "micro_batch_size": summary.micro_batch_size,
-        "effective_batch_size": summary.effective_batch_size,
-        **interval("samples_per_second", [t["samples_per_second"] for t in timings]),
-        **interval("tokens_per_second", [t.get("tokens_per_second") for t in timings]),
+        "precision_requested": (summary.precision or {}).get("requested"),
+        "precision_effective": (summary.precision or {}).get("effective"),
+        **_interval("samples_per_second", [t["samples_per_second"] for t in timings]),
+        **_interval("tokens_per_second", [t.get("tokens_per_second") for t in timings]),
         "timings": len(timings),
         "seconds_per_epoch": estimate(each("throughput", "seconds_per_epoch")).mean,
         "memory_kind": memory_kind,
-        **interval("peak_memory_mib", each("memory", "peak_mib"), memory_kind is not None),
-        **interval("metric", each("metrics", metric)),
+        **_interval("peak_memory_mib", each("memory", "peak_mib"), memory_kind is not None),
+        **_interval("metric", each("metrics", metric)),
         "test_metric": estimate(each("metrics", test_metric)).mean,
         **dict.fromkeys(_COMPARED),
-        "baseline": None,
         "is_baseline": False,
-        "pruned_epoch": summary.pruned_epoch,
         # Timed beside other jobs or processes (the pool's record of the attempt): not a solo timing.
         "shared_node": bool(timings) and all(t["shared"] for t in timings),
         "timed_by": sorted({t["by"] for t in timings}),
@@ -329,19 +322,16 @@ def _row(
         "diagnosis": list(dict.fromkeys(entry.get("symptom") for entry in findings)),
         "error": _error_text(summary),
         "run_dir": ";".join(str(run.dir) for run in runs),
-        # Not report.csv's: the values behind Welch's tests, why one was not made, the doctor's
-        # findings and the learning curves (one per seed).
+        # Not report.csv's: the values behind Welch's tests, the doctor's findings, a curve per seed.
         "samples_per_second_values": [t["samples_per_second"] for t in timings],
         "metric_values": each("metrics", metric),
-        "not_tested": None,
         "findings": findings,
         "curves": [curve(seed, metric) for seed in seeds.values()],
     }
 
 
 def _timings(runs: list[RunResult]) -> list[dict[str, Any]]:
-    """The row's timings: every completed attempt's of its runs; only the solo ones where there are
-    any, so a timing taken beside other jobs is never combined with a solo one."""
+    """Every completed attempt's timing; only the solo ones where there are any (never mixed with shared)."""
     timings = [t for run in runs for t in run.timings]
     return [t for t in timings if not t["shared"]] or timings
 
@@ -388,8 +378,7 @@ def _error_text(summary: Any) -> str | None:
 def _seconds_to_baseline(
     curves: list[list[dict[str, float]]], target: float, mode: str
 ) -> float | str | None:
-    """Mean seconds until the runs first reached ``target``; "never" when one of them did not;
-    None when a run has no per-epoch history."""
+    """Mean seconds until the runs first reached ``target``; "never" if one did not; None without history."""
     if not all(curves):
         return None
     seconds = [seconds_to_reach(points, target, mode) for points in curves]
@@ -410,8 +399,7 @@ def curve(summary: Any, metric: str | None) -> list[dict[str, float]]:
 
 
 def seconds_to_reach(points: list[dict[str, float]], target: float, mode: str) -> float | str:
-    """Wall seconds at the first epoch whose value is at least as good as ``target`` (in ``mode``'s
-    direction), or "never"."""
+    """Wall seconds at the first epoch at least as good as ``target`` in ``mode``'s direction, or "never"."""
     for point in points:
         if (point["value"] <= target) if mode == "min" else (point["value"] >= target):
             return point["wall_s"]

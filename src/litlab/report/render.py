@@ -1,5 +1,5 @@
-"""Write a report: report.md (the table), report.csv (every column), report.png (the plot), all three
-from one table of columns (``COLUMNS``); ``report_runs`` collects, compares and writes in one call."""
+"""Write a report: report.md (the table), report.csv (every column) and report.png (the plot), all
+three from one table of columns (``_COLUMNS``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ def report_runs(
     metric: str | None = None,
     stopped: str | None = None,
 ) -> Report:
-    """Collect, compare and write the runs under ``paths`` into ``out_dir``; ``stopped``: why the sweep
-    stopped before its end."""
+    """Collect, compare and write the runs under ``paths``; ``stopped``: why the sweep stopped early."""
     report = build_report(collect_runs(paths), baseline=baseline, metric=metric)
     report.sources, report.stopped = list(paths), stopped
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +36,7 @@ def report_runs(
         writer.writerow([_format(c.csv or c.key, report) for c in columns])
         writer.writerows([_csv_value(row.get(c.key)) for c in columns] for row in report.rows)
     plot(report).savefig(out_dir / "report.png", dpi=110)
-    (out_dir / "report.md").write_text(render_markdown(report))
+    (out_dir / "report.md").write_text(_render_markdown(report))
     stop = f"; the sweep stopped before its end: {stopped}" if stopped else ""
     log.info(f"report of {_headline(report)}: {out_dir / 'report.md'}{stop}")
     return report
@@ -46,31 +45,28 @@ def report_runs(
 # --- the columns ------------------------------------------------------------------------------------
 
 
-class Column(NamedTuple):
-    """A row's field: its report.md header (None: report.csv only) and cell (a function of the row, the
-    decimals of a number, or None: the value as text), and its report.csv name where not ``key``
-    (``{metric}``, ``{test_metric}``, ``{seed}``: the report's)."""
-
-    key: str
-    header: str | None = None
-    cell: Callable[[dict[str, Any]], str] | int | None = None
-    csv: str | None = None
+class _Column(NamedTuple):
+    key: str  # the row's field
+    header: str | None = None  # report.md's header; None: report.csv only
+    cell: Callable[[dict[str, Any]], str] | int | None = None  # a function of the row, decimals, or as text
+    csv: str | None = None  # report.csv's name where not ``key`` ({metric}: the report's)
 
 
-def _family(key: str, header: str, cell: Any, parts: tuple[str, str], csv: str | None = None) -> list[Column]:
+def _family(
+    key: str, header: str, cell: Any, parts: tuple[str, str], csv: str | None = None
+) -> list[_Column]:
     """A figure and the CSV-only fields that go with it (``key_<part>``)."""
-    return [Column(key, header, cell, csv), *(Column(f"{key}_{p}", csv=f"{csv or key}_{p}") for p in parts)]
+    return [_Column(key, header, cell, csv), *(_Column(f"{key}_{p}", csv=f"{csv or key}_{p}") for p in parts)]
 
 
-def _columns(report: Report) -> list[Column]:
-    """The report's columns: those of the metric only where the runs have one."""
+def _columns(report: Report) -> list[_Column]:
+    """The columns; those of the metric only where the runs have one."""
     about_metric = ("{metric}", "{test_metric}")
-    return [c for c in COLUMNS if report.metric or not any(m in f"{c.header}{c.csv}" for m in about_metric)]
+    return [c for c in _COLUMNS if report.metric or not any(m in f"{c.header}{c.csv}" for m in about_metric)]
 
 
 def _format(template: str, report: Report) -> str:
-    test_metric, seed = report.test_metric or "test_metric", report.repeat_key or "seed"
-    return template.format(metric=report.metric, test_metric=test_metric, seed=seed)
+    return template.format(metric=report.metric, test_metric=report.test_metric or "test_metric")
 
 
 def _csv_value(value: Any) -> Any:
@@ -79,7 +75,7 @@ def _csv_value(value: Any) -> Any:
     return ";".join(map(str, value)) if isinstance(value, list) else "" if value is None else value
 
 
-def _cell(column: Column, row: dict[str, Any]) -> str:
+def _cell(column: _Column, row: dict[str, Any]) -> str:
     if isinstance(column.cell, int):
         return _number(row[column.key], column.cell)
     return column.cell(row) if column.cell else _text(row[column.key])
@@ -88,15 +84,8 @@ def _cell(column: Column, row: dict[str, Any]) -> str:
 # --- report.md ------------------------------------------------------------------------------------
 
 
-def render_markdown(report: Report) -> str:
-    """The report as Markdown: what was compared, the table (a column no row has a value in is left
-    out), its marks, the statistics in words, the runs that did not complete."""
-    table = [
-        (_format(c.header, report), [_cell(c, row) for row in report.rows])
-        for c in _columns(report)
-        if c.header
-    ]
-    table = [(header, cells) for header, cells in table if any(cell not in ("", "–") for cell in cells)]
+def _render_markdown(report: Report) -> str:
+    """What was compared, the table, its marks, the statistics in words, the runs that did not complete."""
     shared_keys = ", ".join("code version" if key == CODE_KEY else f"`{key}`" for key in report.context_keys)
     lines = [
         "# Sweep report",
@@ -112,33 +101,18 @@ def render_markdown(report: Report) -> str:
         + "; speed-up, memory ratio and Δ are against it. The baseline rows say **baseline**.",
         "",
         *_repeats_lines(report),
-        "| " + " | ".join(header for header, _ in table) + " |",
-        "|" + "|".join("---" for _ in table) + "|",
-        *(
-            "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
-            for row in zip(*dict(table).values(), strict=True)
-        ),
+        *_table(report),
         "",
         f"n: distinct seeds (a seed run again adds a timing, never a seed); ±: the {CONFIDENCE:.0%} "
         f"confidence interval; p: Welch's t-test against the baseline (p < {SIGNIFICANCE:g}: beyond "
         "run-to-run noise); each column in litlab's docs/sweeps.md.",
         "",
     ]
-    marks = {  # what each mark says, and the rows it is on
-        "† Shared the node: other jobs or runs trained beside {} (the sweep's record: `sweep.beside`), "
-        "so their throughput is not a solo timing. For solo timings run the sweep again with "
-        "`hydra.launcher.devices=1 resume=never`: a row then takes its solo timings only.": [
-            row for row in report.rows if row["shared_node"]
-        ],
-        "‡ Timed under other conditions: {} were timed by another start of a sweep (or runs of their "
-        "own) than their baseline, or combine such timings (report.csv `timed_by`): another load of the "
-        "machine may be in the difference, so the speed-up is not tested.": [
-            row for row in report.rows if row["timed_apart"] or len(row["timed_by"]) > 1
-        ],
-    }
-    for text, rows in marks.items():
-        lines += [text.format(_names(rows)), ""] if rows else []
-    lines += ["![throughput, peak memory and learning curves per configuration](report.png)", ""]
+    lines += [
+        *_mark_lines(report),
+        "![throughput, peak memory and learning curves per configuration](report.png)",
+        "",
+    ]
     sections = {
         "Counted once": [f"- {note}." for note in report.notes],
         "Skipped": [f"- {skipped}." for skipped in report.skipped],
@@ -156,6 +130,41 @@ def render_markdown(report: Report) -> str:
     for title, items in sections.items():
         lines += [f"## {title}", "", *items, ""] if items else []
     return "\n".join(lines)
+
+
+def _mark_lines(report: Report) -> list[str]:
+    """What each mark (†, ‡) says, where a row has it."""
+    shared = ", ".join(row["run"] for row in report.rows if row["shared_node"])
+    apart = ", ".join(row["run"] for row in report.rows if row["timed_apart"] or len(row["timed_by"]) > 1)
+    lines = []
+    if shared:
+        lines += [
+            f"† Shared the node: other jobs or runs trained beside {shared} (the sweep's record: "
+            "`sweep.beside`), so their throughput is not a solo timing. For solo timings run the sweep again "
+            "with `hydra.launcher.devices=1 resume=never`: a row then takes its solo timings only.",
+            "",
+        ]
+    if apart:
+        lines += [
+            f"‡ Timed under other conditions: {apart} were timed by another start of a sweep (or runs of "
+            "their own) than their baseline, or combine such timings (report.csv `timed_by`): another load "
+            "of the machine may be in the difference, so the speed-up is not tested.",
+            "",
+        ]
+    return lines
+
+
+def _table(report: Report) -> list[str]:
+    """report.md's table; a column no row has a value in is left out."""
+    columns = [c for c in _columns(report) if c.header]
+    table = [(_format(c.header, report), [_cell(c, row) for row in report.rows]) for c in columns]
+    table = [(header, cells) for header, cells in table if any(cell not in ("", "–") for cell in cells)]
+    lines = [
+        "| " + " | ".join(header for header, _ in table) + " |",
+        "|" + "|".join("---" for _ in table) + "|",
+    ]
+    rows = zip(*(cells for _, cells in table), strict=True)
+    return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
 def _headline(report: Report) -> str:
@@ -187,11 +196,16 @@ def _differs_cell(row: dict[str, Any]) -> str:
     )
 
 
-def _estimate_cell(row: dict[str, Any], name: str, decimals: int) -> str:
-    """The mean and the half-width of its confidence interval (a t-interval is symmetric)."""
+def _half_width(row: dict[str, Any], name: str) -> float:
+    """Half the width of a figure's confidence interval (a t-interval is symmetric); nan without one."""
     mean, high = row[name], row[f"{name}_ci95_high"]
-    half_width = f" ± {_number(high - mean, decimals)}" if finite(mean) and finite(high) else ""
-    return _number(mean, decimals) + half_width
+    return high - mean if finite(mean) and finite(high) else math.nan
+
+
+def _estimate_cell(row: dict[str, Any], name: str, decimals: int) -> str:
+    half_width = _half_width(row, name)
+    plus_minus = f" ± {_number(half_width, decimals)}" if finite(half_width) else ""
+    return _number(row[name], decimals) + plus_minus
 
 
 def _timing_cell(row: dict[str, Any], name: str) -> str:
@@ -205,10 +219,6 @@ def _compared(row: dict[str, Any], name: str, decimals: int, suffix: str = "") -
     note = f" (p={p_value:.2g})" if finite(p_value) else ""
     apart = " ‡" if name == "speed_up" and row["timed_apart"] and row[name] is not None else ""
     return _number(row[name], decimals, suffix, signed=name == "metric_delta") + note + apart
-
-
-def _names(rows: list[dict[str, Any]]) -> str:
-    return ", ".join(row["run"] for row in rows)
 
 
 def _repeats_lines(report: Report) -> list[str]:
@@ -236,10 +246,8 @@ def _noise_lines(report: Report) -> list[str]:
         parts = [_in_words(what, row, name) for name, what in said.items() if row[name] is not None]
         tested = any(row[f"{name}_p_value"] is not None for name in said)
         if parts and (row["n"] > 1 or row["not_tested"] or row["timed_apart"] or tested):
-            label = _config_label(row, report, " ")
-            lines.append(
-                f"- {label} ({row['run']}, n = {row['n']}) against {row['baseline']}: {'; '.join(parts)}."
-            )
+            label = f"{_config_label(row, report, ' ')} ({row['run']}, n = {row['n']})"
+            lines.append(f"- {label} against {row['baseline']}: {'; '.join(parts)}.")
     return lines
 
 
@@ -299,53 +307,56 @@ def _one_line(text: Any, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-INTERVAL, TEST = ("ci95_low", "ci95_high"), ("p_value", "significant")  # report.md says ± and (p=...)
-COLUMNS = [
-    Column("run", "run"),
-    Column("status", "status", _status_cell),
-    Column("differs", "differs", _differs_cell),
-    Column("n", "n"),
-    Column("seeds", "{seed}", lambda r: ", ".join(_text(seed) for seed in r["seeds"])),
-    Column("precision"),
-    Column("precision_requested", "precision (requested → ran)", _precision_cell),
-    Column("precision_effective"),
-    Column("accumulate_grad_batches", "accumulation"),
-    Column("devices", "devices x nodes", lambda r: f"{_text(r['devices'])} x {_text(r['num_nodes'])}"),
-    Column("num_nodes"),
-    Column("micro_batch_size", "micro-batch"),
-    Column("effective_batch_size", "effective batch"),
-    *_family("samples_per_second", "samples/s", lambda r: _timing_cell(r, "samples_per_second"), INTERVAL),
-    *_family("tokens_per_second", "tokens/s", lambda r: _timing_cell(r, "tokens_per_second"), INTERVAL),
-    Column("timings"),  # the timings behind the throughput: every completed attempt's (solo ones first)
-    Column("timed_by"),  # which sweep's start (or run) took them
-    Column("seconds_per_epoch", "s/epoch", 2),
-    Column("memory_kind"),
-    *_family("peak_memory_mib", "peak memory / device (MiB)", _memory_cell, INTERVAL),
-    *_family("metric", "{metric}", lambda r: _estimate_cell(r, "metric", 4), INTERVAL, "{metric}"),
-    Column("test_metric", "{test_metric}", 4, "{test_metric}"),
-    *_family("speed_up", "speed-up", lambda r: _compared(r, "speed_up", 2, "x"), TEST),
-    Column("timed_apart"),  # timed under other conditions than its baseline: the speed-up is not tested
-    Column("memory_ratio", "memory ratio", lambda r: _number(r["memory_ratio"], 2, "x")),
-    *_family("metric_delta", "Δ {metric}", lambda r: _compared(r, "metric_delta", 4), TEST, "delta_{metric}"),
-    Column("seconds_to_baseline", "s to baseline's {metric}", 1, "seconds_to_baseline_{metric}"),
-    Column("baseline", "baseline", lambda r: "**baseline**" if r["is_baseline"] else r["baseline"] or "none"),
-    Column("is_baseline"),
-    Column("pruned_epoch"),
-    Column("shared_node"),
-    Column("resumed_across"),
-    Column("diagnosis", "doctor", lambda r: ", ".join(r["diagnosis"])),
-    Column("error", "error", lambda r: _one_line(r["error"], limit=120) if unfinished(r) else ""),
-    Column("run_dir"),
+_INTERVAL, _TEST = ("ci95_low", "ci95_high"), ("p_value", "significant")  # report.md says ± and (p=...)
+_COLUMNS = [
+    _Column("run", "run"),
+    _Column("status", "status", _status_cell),
+    _Column("differs", "differs", _differs_cell),
+    _Column("n", "n"),
+    _Column("seeds", "seed", lambda r: ", ".join(_text(seed) for seed in r["seeds"])),
+    _Column("precision"),
+    _Column("precision_requested", "precision (requested → ran)", _precision_cell),
+    _Column("precision_effective"),
+    _Column("accumulate_grad_batches", "accumulation"),
+    _Column("devices", "devices x nodes", lambda r: f"{_text(r['devices'])} x {_text(r['num_nodes'])}"),
+    _Column("num_nodes"),
+    _Column("micro_batch_size", "micro-batch"),
+    _Column("effective_batch_size", "effective batch"),
+    *_family("samples_per_second", "samples/s", lambda r: _timing_cell(r, "samples_per_second"), _INTERVAL),
+    *_family("tokens_per_second", "tokens/s", lambda r: _timing_cell(r, "tokens_per_second"), _INTERVAL),
+    _Column("timings"),  # the timings behind the throughput: every completed attempt's (solo ones first)
+    _Column("timed_by"),  # which sweep's start (or run) took them
+    _Column("seconds_per_epoch", "s/epoch", 2),
+    _Column("memory_kind"),
+    *_family("peak_memory_mib", "peak memory / device (MiB)", _memory_cell, _INTERVAL),
+    *_family("metric", "{metric}", lambda r: _estimate_cell(r, "metric", 4), _INTERVAL, "{metric}"),
+    _Column("test_metric", "{test_metric}", 4, "{test_metric}"),
+    *_family("speed_up", "speed-up", lambda r: _compared(r, "speed_up", 2, "x"), _TEST),
+    _Column("timed_apart"),  # timed under other conditions than its baseline: the speed-up is not tested
+    _Column("memory_ratio", "memory ratio", lambda r: _number(r["memory_ratio"], 2, "x")),
+    *_family(
+        "metric_delta", "Δ {metric}", lambda r: _compared(r, "metric_delta", 4), _TEST, "delta_{metric}"
+    ),
+    _Column("seconds_to_baseline", "s to baseline's {metric}", 1, "seconds_to_baseline_{metric}"),
+    _Column(
+        "baseline", "baseline", lambda r: "**baseline**" if r["is_baseline"] else r["baseline"] or "none"
+    ),
+    _Column("is_baseline"),
+    _Column("pruned_epoch"),
+    _Column("shared_node"),
+    _Column("resumed_across"),
+    _Column("diagnosis", "doctor", lambda r: ", ".join(r["diagnosis"])),
+    _Column("error", "error", lambda r: _one_line(r["error"], limit=120) if unfinished(r) else ""),
+    _Column("run_dir"),
 ]
-_HEADERS = {column.key: column.header for column in COLUMNS}
+_HEADERS = {column.key: column.header for column in _COLUMNS}
 
 
 # --- report.png ---------------------------------------------------------------------------------
 
 
 def plot(report: Report) -> Any:
-    """report.png's Figure: throughput (metric annotated) and peak memory per configuration, and below
-    the learning curves of every run."""
+    """report.png's Figure: throughput and peak memory per configuration, below them the learning curves."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     precisions = list(dict.fromkeys(str(row["precision"]) for row in report.rows))
@@ -368,7 +379,10 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     throughput = f"{report.throughput_unit}_per_second"
     for axis, name in ((throughput_axis, throughput), (memory_axis, "peak_memory_mib")):
         values = [float(row[name]) if finite(row[name]) else 0.0 for row in rows]
-        color, error = [colors[str(row["precision"])] for row in rows], _error_bars(rows, name)
+        color, error = (
+            [colors[str(row["precision"])] for row in rows],
+            [_half_width(row, name) for row in rows],
+        )
         bars = axis.bar(positions, values, color=color, edgecolor="black", yerr=error, capsize=4)
         for bar, row in zip(bars, rows, strict=True):
             bar.set_hatch("//" if row["is_baseline"] else "")
@@ -462,15 +476,3 @@ def _config_label(row: dict[str, Any], report: Report, separator: str = "\n") ->
                 f"{'code' if key == CODE_KEY else key.rsplit('.', 1)[-1]}={_text(row['differs'].get(key))}"
             )
     return separator.join(dict.fromkeys(parts)) or row["run"]
-
-
-def _error_bars(rows: list[dict[str, Any]], name: str) -> list[list[float]]:
-    """Matplotlib's asymmetric yerr: distances from each mean down and up to its interval's ends
-    (none where a row has no interval: one run, or no figure)."""
-    below, above = [], []
-    for row in rows:
-        mean, low, high = row[name], row[f"{name}_ci95_low"], row[f"{name}_ci95_high"]
-        has_interval = finite(mean) and finite(low) and finite(high)
-        below.append(mean - low if has_interval else math.nan)  # nan: no error bar drawn
-        above.append(high - mean if has_interval else math.nan)
-    return [below, above]

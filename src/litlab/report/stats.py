@@ -1,6 +1,5 @@
-"""The statistics of repeated runs, from scipy.stats: a mean with its confidence interval (``CONFIDENCE``,
-Student's t), and Welch's t-test of two configurations' runs at ``SIGNIFICANCE``.
-"""
+"""Statistics of repeated runs (scipy.stats): a mean with its Student's t confidence interval, and
+Welch's t-test of two configurations' runs."""
 
 from __future__ import annotations
 
@@ -15,44 +14,38 @@ CONFIDENCE = 0.95
 SIGNIFICANCE = 0.05  # a difference is significant when Welch's p-value is below this
 
 
-class Estimate(NamedTuple):
-    """The mean of measurements and its 95 % confidence interval (None for fewer than two)."""
-
+class _Estimate(NamedTuple):
     mean: float | None = None
-    low: float | None = None
+    low: float | None = None  # the interval's ends: None for fewer than two values
     high: float | None = None
 
 
-def finite_values(values: Iterable[Any]) -> list[float]:
-    """The finite numbers among ``values`` (a run without the figure, or with nan, is left out)."""
-    return [float(v) for v in values if finite(v)]
+def _finite_values(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if finite(v)]  # a run without the figure, or with nan, is left out
 
 
-def estimate(values: Iterable[Any]) -> Estimate:
-    """Mean and two-sided 95 % t-interval of the finite ``values``; one value has no interval."""
-    sample = finite_values(values)
+def estimate(values: Iterable[Any]) -> _Estimate:
+    """Mean and two-sided ``CONFIDENCE`` t-interval of the finite ``values``."""
+    sample = _finite_values(values)
     if not sample:
-        return Estimate()
+        return _Estimate()
     mean = math.fsum(sample) / len(sample)
     if len(sample) == 1:
-        return Estimate(mean)
+        return _Estimate(mean)
     if min(sample) == max(sample):  # no spread: scipy warns and returns nan; the interval is the value
-        return Estimate(mean, mean, mean)
+        return _Estimate(mean, mean, mean)
     from scipy import stats  # imported on use: the report callback loads in every run
 
     with warnings.catch_warnings():  # nearly equal values: scipy's precision warning, the result holds
         warnings.simplefilter("ignore", RuntimeWarning)
         interval = stats.ttest_1samp(sample, 0.0).confidence_interval(CONFIDENCE)
-    return Estimate(mean, float(interval.low), float(interval.high))
+    return _Estimate(mean, float(interval.low), float(interval.high))
 
 
 def welch_p_value(sample: Iterable[Any], reference: Iterable[Any]) -> float | None:
-    """Two-sided p-value of Welch's t-test that the two samples' means are equal; None when it cannot
-    be tested: fewer than two finite values on either side, or no spread on both (scipy gives nan)."""
-    a, b = finite_values(sample), finite_values(reference)
-    if len(a) < 2 or len(b) < 2:
-        return None
-    if min(a) == max(a) and min(b) == max(b):
+    """Two-sided p-value of Welch's t-test that the means are equal; None where it cannot be tested."""
+    a, b = _finite_values(sample), _finite_values(reference)
+    if len(a) < 2 or len(b) < 2 or (min(a) == max(a) and min(b) == max(b)):  # scipy would give nan
         return None
     from scipy import stats
 
@@ -63,5 +56,5 @@ def welch_p_value(sample: Iterable[Any], reference: Iterable[Any]) -> float | No
 
 
 def significant(p_value: float | None) -> bool | None:
-    """Whether a difference exceeds run-to-run noise at ``SIGNIFICANCE``; None when not tested."""
+    """Whether a difference exceeds run-to-run noise; None when not tested."""
     return None if p_value is None else p_value < SIGNIFICANCE

@@ -27,8 +27,6 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.combined import combine
-from litlab.callbacks.history import TrainingHistory
-from litlab.callbacks.input_wait import InputWait
 from litlab.callbacks.loader_state import ResumableLoaderCheck
 from litlab.callbacks.logger_runs import LoggerRuns
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
@@ -37,6 +35,7 @@ from litlab.callbacks.pruning import TrialPruning
 from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
+from litlab.config.identity import once
 from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction
 from litlab.config.rules import ConfigError, batch_sizes
@@ -63,14 +62,9 @@ route_lightning_logs_to_root()
 
 
 def _skip_nvml_probe_without_a_driver() -> None:
-    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 on import, so that asking whether CUDA is
-    available never initialises CUDA (fork-started ranks need that). Where NVML cannot be loaded
-    (no NVIDIA driver: CPU machines), torch then tries to dlopen libnvidia-ml on every
-    ``torch.cuda.is_available()`` before falling back to the ordinary check, and torch's Adam and
-    AdamW ask on every optimizer step: a few percent of a small model's step (docs/performance.md,
-    "Why the engine does it this way"). Without a driver there is no CUDA to initialise, so the
-    ordinary check is as safe.
-    """
+    """Without an NVIDIA driver, Lightning's PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch dlopen NVML on
+    every ``torch.cuda.is_available()``, which Adam asks each step (docs/performance.md); there is no
+    CUDA to initialise, so the ordinary check is as safe."""
     if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or sys.platform != "linux":
         return
     try:
@@ -83,15 +77,13 @@ _skip_nvml_probe_without_a_driver()
 
 
 class PartRefused(LitlabError):
-    """A configured part (logger, strategy, callback, profiler) raised while it was built: its
-    library refuses its settings or its environment. The run ends before training, as for bad input."""
+    """A configured part (logger, strategy, callback, profiler) raised while it was built."""
 
 
 def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
     """The Trainer, module and datamodule of a run."""
-    redaction = Redaction.of(cfg)  # what checkpoints and loggers get of the config: no credentials
     try:
-        trainer = build_trainer(cfg, run, redaction=redaction)
+        trainer = build_trainer(cfg, run)
     except PartRefused as refused:
         _record_refusal(cfg, run, refused.reason)
         raise
@@ -115,34 +107,22 @@ def build_datamodule(cfg: DictConfig, micro_batch_size: int | None) -> L.Lightni
     """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch, where
     there is one."""
     sized = {} if micro_batch_size is None else {"batch_size": micro_batch_size}
-    data = _instantiate("data", cfg.data, **sized)
-    if not isinstance(data, L.LightningDataModule):
-        raise LitlabError(
-            f"data={_choice('data')} builds a {type(data).__name__}, not a LightningDataModule: point "
-            "data._target_ at your LightningDataModule class"
-        )
-    return data
+    return _instantiate("data", cfg.data, L.LightningDataModule, **sized)
 
 
 def build_module(cfg: DictConfig) -> L.LightningModule:
     """Your ``model._target_``, with its optimizer and scheduler partials as the config wires them;
     with ``compile=true``, its ``forward`` compiled: the steps that call ``self(...)`` run the
     compiled network."""
-    module = _instantiate("model", cfg.model)
-    if not isinstance(module, L.LightningModule):
-        raise LitlabError(
-            f"model={_choice('model')} builds a {type(module).__name__}, not a LightningModule: point "
-            "model._target_ at your LightningModule class (a network goes inside it, e.g. model.net)"
-        )
+    module = _instantiate(
+        "model", cfg.model, L.LightningModule, hint=" (a network goes inside it, e.g. model.net)"
+    )
     _configure_optimizers_in_one_line(module)
     if cfg.compile:
         import torch
 
-        # Not torch.compile(module): Lightning then compiles every step method too, with the metrics
-        # and self.log calls in them (torch 2.14's dynamo fails inside torchmetrics' lazy package
-        # checks: InternalTorchDynamoError, PackageNotFoundError: torch_xla). Nor module.compile():
-        # under DDP, Lightning calls the steps through the module's call, which that compiles. The
-        # forward, compiled as Lightning compiles it, keeps the weights' names (no ``_orig_mod.``).
+        # Not torch.compile(module) nor module.compile(): Lightning would compile the step methods too,
+        # whose torchmetrics and self.log calls dynamo fails on; the forward keeps the weights' names.
         module.forward = torch.compile(module.forward)
     return module
 
@@ -186,7 +166,7 @@ def check_by_building(cfg: DictConfig) -> None:
 
     sizes = batch_sizes(cfg.data, cfg.trainer, global_batch=cfg.global_batch_size)
     try:
-        check_combination(cfg.trainer, cfg.strategy)
+        _check_combination(cfg)
         build_datamodule(cfg, sizes.micro)
         optimizer = _instantiate("optimizer", cfg.optimizer)
         if callable(optimizer):
@@ -204,15 +184,24 @@ def check_by_building(cfg: DictConfig) -> None:
         raise ConfigError(error.reason) from None
 
 
-def _instantiate(group: str, node: DictConfig, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, with what a constructor rejects turned into one line naming the group."""
+def _instantiate(
+    group: str, node: DictConfig, kind: type | None = None, hint: str = "", **kwargs: Any
+) -> Any:
+    """``hydra.utils.instantiate``, with what a constructor rejects, or an object not of ``kind``, as one
+    line naming the group."""
     try:
-        return instantiate(node, **kwargs, _convert_="all")
+        made = instantiate(node, **kwargs, _convert_="all")
     except InstantiationException as error:
         cause = error.__cause__ or error
         if isinstance(cause, (ValueError, TypeError, OSError, ImportError)):
             raise LitlabError(f"{group}={_choice(group)}: {one_line(cause)}") from error
         raise
+    if kind is not None and not isinstance(made, kind):
+        raise LitlabError(
+            f"{group}={_choice(group)} builds a {type(made).__name__}, not a {kind.__name__}: point "
+            f"{group}._target_ at your {kind.__name__} class{hint}"
+        )
+    return made
 
 
 def _choice(group: str) -> str:
@@ -221,10 +210,8 @@ def _choice(group: str) -> str:
 
 
 class NoProfiler(PassThroughProfiler):
-    """Lightning's default when no profiler is asked for, without its cost: PassThroughProfiler's
-    ``profile`` builds a generator-based context manager around every hook call and loop stage
-    (what that costs a step: docs/performance.md). Here it returns one shared context that does
-    nothing, as start and stop did."""
+    """Lightning's PassThroughProfiler without its generator-based context around every hook call
+    (docs/performance.md): one shared context that does nothing."""
 
     _nothing = contextlib.nullcontext()
 
@@ -265,9 +252,10 @@ def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
     """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
     if not run.is_global_zero:
         return
-    summary = Summary.failed(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
+    summary = Summary.of(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
     summary.write(run.dir / "summary.json")
-    run.storage.write_text("summary.json", summary.to_json())
+    if not run.stored_in_own_dir:  # else that was the storage's copy too
+        run.storage.write_text("summary.json", summary.to_json())
 
 
 def _part_name(group: str, name: str) -> str:
@@ -277,19 +265,14 @@ def _part_name(group: str, name: str) -> str:
     return f"{group}={name}" if choice == name else f"{group}={choice} ({group}.{name})"
 
 
-def build_profiler(name: str | None) -> Any:
+def _build_profiler(name: str | None) -> Any:
     """``trainer.profiler``: Lightning's profiler of that name (built here, so that one that cannot
     start is named in one line), or NoProfiler."""
     if not name:
         return NoProfiler()
     from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler, XLAProfiler
 
-    kinds = {
-        "simple": SimpleProfiler,
-        "advanced": AdvancedProfiler,
-        "pytorch": PyTorchProfiler,
-        "xla": XLAProfiler,
-    }
+    kinds = dict(simple=SimpleProfiler, advanced=AdvancedProfiler, pytorch=PyTorchProfiler, xla=XLAProfiler)
     kind = kinds.get(str(name).lower())
     if kind is None:
         return name  # Lightning's own error names the allowed values
@@ -297,15 +280,21 @@ def build_profiler(name: str | None) -> Any:
         return kind()
 
 
+def _check_combination(cfg: DictConfig) -> None:
+    """Once a start: in the preflight, and in ``build_trainer`` for a job started without one (submitit's)."""
+    pair = [OmegaConf.to_container(cfg[group], resolve=False) for group in ("trainer", "strategy")]
+    once("combination", pair, lambda: check_combination(cfg.trainer, cfg.strategy))
+
+
 def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> L.Trainer:
     redaction = redaction or Redaction.of(cfg)
+    _check_combination(cfg)  # no such GPU, FSDP on a CPU: one line, not a traceback
     loggers = build_loggers(cfg, run, redaction)
     callbacks = build_callbacks(cfg, run, has_logger=bool(loggers), redaction=redaction)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_args["profiler"] = build_profiler(trainer_args.get("profiler"))  # simple, advanced, pytorch
-    # The engine adds its own model summary (engine_callbacks); Lightning's would be a second one.
+    trainer_args["profiler"] = _build_profiler(trainer_args.get("profiler"))  # simple, advanced, pytorch
+    # The engine adds its own model summary (_engine_callbacks); Lightning's would be a second one.
     trainer_args["enable_model_summary"] = False
-    check_combination(cfg.trainer, cfg.strategy)  # no such GPU, FSDP on a CPU: one line, not a traceback
     with trainer_errors(cfg.trainer, cfg.strategy, cfg.precision):
         trainer = L.Trainer(
             **trainer_args,
@@ -336,35 +325,31 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
         return instantiate(OmegaConf.create(args), _convert_="all")
 
 
-def engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> list[Callback]:
+def _engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction) -> list[Callback]:
     """The callbacks every run has, whatever its task: they make the engine's guarantees hold."""
-    run.stats = RunStats()  # summary.json and sweep reports need its figures
     nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
+    # Throughput, history and input wait for summary.json.
+    run.stats = RunStats(cfg.optimized_metric, skips=nonfinite.report)
     world = WorldCheck()  # a run never reports ranks it did not have
-    loader = ResumableLoaderCheck(run)  # resume is exact, or summary.json says it is not
-    history = TrainingHistory(cfg.optimized_metric)  # learning curves in summary.json, for reports
-    input_wait = InputWait()  # the doctor's input-bound check
     run.extra.update(
-        nonfinite=nonfinite.report, world=world.report, history=history.history, input_wait=input_wait.report
+        nonfinite=nonfinite.report,
+        world=world.report,
+        history=run.stats.history,
+        input_wait=run.stats.input_wait,
     )
-    # What leaves the process (checkpoints, loggers) carries the redacted config: no credentials.
-    redaction = redaction or Redaction.of(cfg)
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    # litlab-eval rebuilds the run from a checkpoint (resolving the environment's values again).
-    stored = RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values)
     callbacks = [
         run.stats,
         nonfinite,
         world,
         ReseedEveryStep(cfg.seed),
         WholeGlobalBatches(),  # every optimizer step trains on a whole global batch
-        loader,
-        stored,
+        ResumableLoaderCheck(run),  # resume is exact, or summary.json says it is not
+        # litlab-eval rebuilds the run from a checkpoint's config: redacted, as all that leaves the process.
+        RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values),
         # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
         # stops every rank at the same batch, or ends the run if they cannot reach one.
         RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run)),
-        history,
-        input_wait,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
     ]
     if cfg.strategy.get("start_method") == "fork":  # ddp_notebook: what only forked rank 0 sees
@@ -381,9 +366,8 @@ def build_callbacks(
     cfg: DictConfig, run: Run, has_logger: bool = True, redaction: Redaction | None = None
 ) -> list[Callback]:
     """The engine's callbacks and the ``callbacks`` group's, litlab's and Lightning's own combined
-    into one (``litlab.callbacks.combined``: Lightning's per-callback dispatch costs more than most
-    of their work)."""
-    callbacks = engine_callbacks(cfg, run, redaction)
+    into one (``litlab.callbacks.combined``)."""
+    callbacks = _engine_callbacks(cfg, run, redaction or Redaction.of(cfg))
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue
@@ -415,10 +399,8 @@ def build_loggers(
     for name, logger_cfg in cfg.logger.items():
         if logger_cfg is None:  # removed from the command line: logger.NAME=null
             continue
-        # logger_arguments: a resumed run's TensorBoard continues the run's log directory;
-        # grouping_arguments: a sweep's MLflow and W&B runs are grouped by the sweep.
-        # credential_arguments: MLflow's tracking URI without its user-info (the credentials go to
-        # MLflow through the environment, so no URL it prints or records carries a password).
+        # A resumed run's TensorBoard continues its log directory; a sweep's MLflow and W&B runs are
+        # grouped by the sweep; MLflow's tracking URI loses its user-info (credentials go by environment).
         arguments = {
             **logger_arguments(logger_cfg, run),
             **grouping_arguments(logger_cfg, sweep, run.dir if run else None),

@@ -1,8 +1,5 @@
-"""Which accelerator x strategy x precision combinations this machine can run.
-
-Decided before Lightning builds the Trainer (preflight and every sweep job, ``check_combination``), so
-a combination that cannot run ends in one line naming what to use instead; what still fails when
-Lightning builds the Trainer is reported the same way (``trainer_errors``).
+"""Which accelerator x strategy x precision combinations this machine can run: decided before Lightning
+builds the Trainer (``check_combination``), or said as Lightning refuses it (``trainer_errors``), in one line.
 """
 
 from __future__ import annotations
@@ -17,10 +14,7 @@ from litlab.errors import LitlabError, check_gpus_available, one_line
 
 # What Lightning's accelerator names run on.
 _DEVICE_OF = {"gpu": "cuda", "cuda": "cuda", "mps": "mps", "tpu": "tpu", "cpu": "cpu"}
-_NEEDS = {
-    "mps": "an Apple GPU (MPS)",
-    "tpu": "a TPU and torch_xla (pip install torch_xla)",
-}
+_NEEDS = {"mps": "an Apple GPU (MPS)", "tpu": "a TPU and torch_xla (pip install torch_xla)"}
 
 
 @functools.cache  # the hardware does not change while a process runs
@@ -36,7 +30,7 @@ def available_devices() -> frozenset[str]:
     return frozenset(found)
 
 
-def device_of(accelerator: str, available: set[str]) -> str:
+def _device_of(accelerator: str, available: set[str]) -> str:
     """What ``trainer.accelerator`` runs on here (``auto`` picks as Lightning does: TPU, MPS, CUDA, CPU)."""
     if accelerator == "auto":
         return next((d for d in ("tpu", "mps", "cuda") if d in available), "cpu")
@@ -44,13 +38,12 @@ def device_of(accelerator: str, available: set[str]) -> str:
 
 
 def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
-    """A LitlabError (one line) when this machine cannot run the trainer's accelerator, or the
-    strategy on it. (Every precision builds on every accelerator Lightning has: fp16 runs as bf16 on
-    a CPU, with a warning; what a precision does to training shows in it, e.g. the non-finite guard.)"""
+    """A LitlabError (one line) when this machine cannot run the trainer's accelerator, or the strategy
+    on it (every precision builds on every accelerator: fp16 runs as bf16 on a CPU, with a warning)."""
     accelerator = str(trainer.get("accelerator", "auto"))
     check_gpus_available(trainer)
     available = available_devices()
-    device = device_of(accelerator, available)
+    device = _device_of(accelerator, available)
     if device in _NEEDS and device not in available:
         raise LitlabError(
             f"trainer.accelerator={accelerator} needs {_NEEDS[device]}, which this machine does not have: "

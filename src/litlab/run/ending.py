@@ -1,8 +1,6 @@
-"""How a failing run ends: one line on stderr (``one_line_errors``) and the reason summary.json records
+"""How a failing run ends: ``litlab: error: <sentence>`` as stderr's last line (``one_line_errors``;
+``HYDRA_FULL_ERROR=1`` and multiruns raise it on) and the reason summary.json records
 (``failure_reason``); in a multi-rank run, the same line on every rank.
-
-A ``LitlabError`` prints ``litlab: error: <sentence>`` as stderr's last line, without Hydra's hint;
-with ``HYDRA_FULL_ERROR=1`` it is raised with its traceback, and in a multirun it is raised on to Hydra.
 """
 
 from __future__ import annotations
@@ -36,12 +34,9 @@ def failure_reason(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Turns errors that mean "change the config" (litlab's ConfigError, Lightning's
-    MisconfigurationException) into a LitlabError, and logs each LitlabError to train.log too.
-
-    In a multi-rank run every error ends the same way on every rank: one line naming the rank that
-    failed and why (``litlab.run.failures``), the traceback of this rank's own error in train.log.
-    """
+    """Ends a LitlabError, and an error that means "change the config" (ConfigError, Lightning's
+    MisconfigurationException), in one line, logged to train.log too; in a multi-rank run every error,
+    naming the rank that failed and why (this rank's traceback goes to train.log)."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
@@ -67,9 +62,8 @@ def one_line_errors() -> Iterator[None]:
 def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
     if os.environ.get("HYDRA_FULL_ERROR") == "1" or HydraConfig.get().mode != RunMode.RUN:
         raise error
-    world = current_world()
-    reason = _explained(world, error) if world is not None else error.reason
-    if world is not None:
+    reason = failure_reason(error)
+    if (world := current_world()) is not None:
         world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
     sys.stderr.write(error_line(reason) + "\n")  # the last line of stderr, like preflight's
     sys.exit(exit_code)

@@ -2,10 +2,7 @@
 
 A rank that raises records why in the ranks' store and closes its process group, so peers in a
 collective fail at once and read it; a rank that dies without a word is named by the ranks on its
-machine (``World``, set up by the rank's watch, ``litlab.run.hangs``, whose watchdog ends the rank
-``GRACE_S`` after such a death if no collective did; it also stops every rank at the same batch after a
-SIGTERM). ``every_rank_out_of_memory`` decides ``oom=auto_shrink``'s retry. The behaviour:
-docs/launch.md, "When a rank fails".
+machine (``World``). The behaviour: docs/launch.md, "When a rank fails".
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import datetime as dt
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -26,16 +22,16 @@ import lightning as L
 import torch
 
 from litlab import heartbeat
-from litlab.errors import LitlabError, error_chain, one_line
+from litlab.errors import LitlabError, describe_exit, error_chain, one_line
 from litlab.library_internals import default_store, take_child_processes
 from litlab.storage.checkpoints import kept_checkpoint
 
 log = logging.getLogger("litlab")
 
 GRACE_S = 30  # after a peer on this machine died: time to notice it through a collective
-RECORD_WAIT_S = 5  # how long a rank that lost a peer waits for the peer's record
-OOM_AGREEMENT_S = 10  # how long a rank out of memory waits for every other rank to say the same
-CHILDREN_EXIT_S = 30  # how long Lightning's launching process waits for its children at exit
+_RECORD_WAIT_S = 5  # how long a rank that lost a peer waits for the peer's record
+_OOM_AGREEMENT_S = 10  # how long a rank out of memory waits for every other rank to say the same
+_CHILDREN_EXIT_S = 30  # how long Lightning's launching process waits for its children at exit
 # Collective errors that mean "a peer went away": gloo's transport errors, torch's DistError family.
 _PEER_LOST = (
     "gloo/transport",
@@ -61,8 +57,6 @@ class World:
     explained: dict[int, str] = field(default_factory=dict)  # id(error) -> its one-line reason
     running: bool = True
 
-    # --- the records every rank can read -----------------------------------------------------------
-
     def _set(self, key: str, value: dict[str, Any]) -> None:
         try:
             self.store.set(f"{self.prefix}/{key}", json.dumps(value))
@@ -78,8 +72,7 @@ class World:
             return None
 
     def register(self) -> None:
-        """Tell every rank this rank's heartbeat record (host, pid), and learn theirs; the watchdog
-        keeps the record new under the same key."""
+        """Tell every rank this rank's heartbeat record (host, pid), and learn theirs."""
         self._set(f"beat/{self.rank}", heartbeat.record())
         keys = [f"{self.prefix}/beat/{rank}" for rank in range(self.size)]
         try:
@@ -96,15 +89,12 @@ class World:
     def record(self, reason: str) -> None:
         self._set(f"failed/{self.rank}", {"reason": reason})
 
-    # --- who ended, and how ------------------------------------------------------------------------
-
     def look_at_peers(self) -> dict[int, str]:
-        """Ranks on this machine whose process ended, and how (the exit status Lightning's children
-        report; otherwise that the process is gone)."""
+        """Ranks on this machine whose process ended, and how."""
         for rank, child in self.children.items():
             code = child.poll()
             if code not in (None, 0) and rank not in self.ended:
-                self.ended[rank] = _how_it_ended(code)
+                self.ended[rank] = describe_exit(code, guess=False)
         host = socket.gethostname()
         for rank, peer in self.peers.items():
             if rank == self.rank or rank in self.ended or peer["host"] != host or rank in self.children:
@@ -113,7 +103,7 @@ class World:
                 self.ended[rank] = "ended without a word (killed, e.g. by SIGKILL or the kernel's OOM killer)"
         return self.ended
 
-    def peer_cause(self, wait_s: float = RECORD_WAIT_S) -> str | None:
+    def peer_cause(self, wait_s: float = _RECORD_WAIT_S) -> str | None:
         """Why the run lost a peer: a rank's record, else a rank found dead; None if neither shows."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -137,11 +127,8 @@ class World:
         peer = self.peers.get(rank)
         return f" (pid {peer['pid']} on {peer['host']})" if peer else ""
 
-    # --- the one line ------------------------------------------------------------------------------
-
     def explain(self, error: BaseException) -> str:
-        """The one-line reason a failure of this rank ends the run, for every rank to print (asked
-        through ``litlab.run.ending``, which first lets ranks that are ending a hang end this one)."""
+        """The one-line reason a failure of this rank ends the run, for every rank to print."""
         if id(error) in self.explained:
             return self.explained[id(error)]
         if lost_a_peer(error):
@@ -161,9 +148,8 @@ class World:
         return reason
 
     def stop(self) -> None:
-        """Leave the run: close this rank's connections (a peer waiting in a collective with it fails at
-        once instead of at the collective timeout), then, in Lightning's launching process, wait for
-        the children, so that this process's line is the terminal's last."""
+        """Leave the run: close this rank's connections (a peer in a collective with it fails at once), then
+        wait for Lightning's children, so that this process's line is the terminal's last."""
         self.running = False
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             try:
@@ -173,7 +159,7 @@ class World:
         self.wait_for_children()
 
     def wait_for_children(self) -> None:
-        deadline = time.monotonic() + CHILDREN_EXIT_S
+        deadline = time.monotonic() + _CHILDREN_EXIT_S
         for child in self.children.values():
             try:
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -209,9 +195,8 @@ def lost_a_peer(error: BaseException) -> bool:
 
 
 def join_the_world(trainer: L.Trainer) -> None:
-    """Sets up ``World`` for a multi-rank fit (called by the rank's watch, ``litlab.run.hangs``):
-    registers this rank and takes over from Lightning's child-process observer. Does nothing in a
-    single-process run."""
+    """Sets up ``World`` for a multi-rank fit: registers this rank and takes over from Lightning's
+    child-process observer."""
     global _current, _fits
     if trainer.world_size < 2 or not torch.distributed.is_initialized():
         return
@@ -232,35 +217,24 @@ def join_the_world(trainer: L.Trainer) -> None:
 
 
 def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
-    """The ranks Lightning's launcher started from this process, by global rank, taken out of the
-    sight of its observer thread (it would SIGKILL this process when a child fails: ``World`` reports
-    and ends instead)."""
+    """The ranks Lightning's launcher started from this process, by global rank, taken from its observer
+    thread (which would SIGKILL this process when a child fails: ``World`` reports and ends instead)."""
     first = trainer.node_rank * trainer.num_devices
     procs = take_child_processes(trainer.strategy.launcher)
     return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
 
 
 def every_rank_out_of_memory(step: int, attempt: int) -> bool:
-    """Called by a rank that ran out of memory under ``oom=auto_shrink``: True when every rank did, in
-    the same step (then all shrink together), False when some rank did not say so within
-    ``OOM_AGREEMENT_S`` (it is waiting in a collective: then all fail together)."""
+    """``oom=auto_shrink``: True when every rank ran out of memory in the same step (all shrink), False
+    when one did not say so in time (it waits in a collective: all fail)."""
     world = current_world()
     if world is None:
         return True
     world._set(f"oom/{attempt}/{world.rank}", {"step": step})
-    deadline = time.monotonic() + OOM_AGREEMENT_S
+    deadline = time.monotonic() + _OOM_AGREEMENT_S
     while time.monotonic() < deadline:
         steps = [world._get(f"oom/{attempt}/{rank}") for rank in range(world.size)]
         if all(s is not None for s in steps):
             return len({s["step"] for s in steps}) == 1
         time.sleep(0.1)
     return False
-
-
-def _how_it_ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"

@@ -1,12 +1,10 @@
-"""This rank's one watch (``RankWatch``): a peer on this machine that died, a rank that is alive but
-makes no progress, and a preemption that cannot reach a common batch boundary, or its end, within
-``preempt_grace``, each end the run in one line; a SIGTERM stops every rank at the same batch.
+"""This rank's one watch (``RankWatch``): a SIGTERM stops every rank at the same batch; a peer on
+this machine that died, a rank that makes no progress, and a preemption that cannot reach a common
+batch boundary, or its end, within ``preempt_grace``, each end the run in one line.
 
-``Watchdog`` is a job of the process's watchdog thread (``litlab.heartbeat.watch``): it writes this
-rank's heartbeat record and shares it through the ranks' store (``litlab.run.failures.World``); when
-every rank is stalled, one names the rank the others wait for and every rank writes its stacks (its
-DataLoader workers' too) and ends. How a hang is told from a long step: docs/launch.md, "When a rank
-hangs".
+``Watchdog``, a job of the process's watchdog thread, shares this rank's heartbeat record through the
+ranks' store; when every rank is stalled, one names the rank the others wait for and every rank
+writes its stacks and ends. docs/launch.md, "When a rank hangs".
 """
 
 from __future__ import annotations
@@ -37,30 +35,17 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab import heartbeat
 from litlab.errors import EXIT_FAILED, EXIT_PREEMPTED, error_line
-from litlab.heartbeat import (
-    DATA,
-    HEARTBEAT,
-    STARTING,
-    TESTING,
-    TRAINING,
-    VALIDATION,
-    State,
-    allowance,
-    describe,
-    order,
-)
+from litlab.heartbeat import HEARTBEAT
 from litlab.library_internals import accumulating, cluster_environment, raise_sigterm_after_this_batch
 from litlab.run import failures
 from litlab.storage.checkpoints import in_an_epochs_last_batch, newest_checkpoint
 
 log = logging.getLogger("litlab")
 
-END_WITHIN_S = 45  # after deciding to end: stacks, summary.json, the children; then faulthandler ends it
-SUMMARY_WAIT_S = 10  # a summary.json write to a storage that stalls too is given up after this
-PY_SPY_S = 15  # for all of py-spy's dumps together
-# A record this much older than its rank's poll counts as stalled: that rank's watchdog cannot run.
-SILENT_AFTER_POLLS = 5
-PREEMPTION_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}  # SIGUSR1: Slurm's requeue signal
+_END_WITHIN_S = 45  # after deciding to end: stacks, summary.json, the children; then faulthandler ends it
+_SUMMARY_WAIT_S = 10  # a summary.json write to a storage that stalls too is given up after this
+_PY_SPY_S = 15  # for all of py-spy's dumps together
+_SILENT_AFTER_POLLS = 5  # a record this many polls old counts as stalled: that rank's watchdog cannot run
 
 
 def poll_interval(hang_timeout: float, preempt_grace: float) -> float:
@@ -70,47 +55,42 @@ def poll_interval(hang_timeout: float, preempt_grace: float) -> float:
 
 
 class RankWatch(Callback):
-    """Watches this rank and its peers, from setup to teardown: sets up the ranks' ``World`` (a
-    multi-rank fit), runs the watchdog, beats at the start of the loop's hooks (before your
-    callbacks' hooks; ``HeartbeatAfterYourCallbacks`` beats at the batch's end), and stops every rank
-    together after a SIGTERM.
-
-    SIGTERM on any rank stops every rank at the same batch boundary (at an epoch's end: after its
-    validation and epoch-end checkpoints); then ``PreemptionCheckpoint`` writes preempted.ckpt and
-    the run exits 143. In a single process too. Under Slurm, the requeue signal (SIGUSR1, what
-    ``#SBATCH --signal=USR1@90`` sends before the time limit) does the same, and then rank 0
-    requeues the job (``scontrol requeue``): the job starts again with the same id, in the same run
-    directory, and resumes from preempted.ckpt. This replaces Lightning's auto-requeue, which saves
-    its own checkpoint from inside the signal handler (a collective there pairs with whatever the
-    other ranks are doing) into the run directory, where litlab's resume does not look.
+    """Watches this rank and its peers from setup to teardown: sets up the ranks' ``World``, runs the
+    watchdog, beats at the start of the loop's hooks (before your callbacks'), and stops every rank
+    at the same batch boundary after a SIGTERM on any rank (at an epoch's end: after its validation
+    and epoch-end checkpoints; with accumulation: at the window's optimizer step). Then
+    ``PreemptionCheckpoint`` writes preempted.ckpt and the run exits 143. Under Slurm the requeue
+    signal (``#SBATCH --signal=USR1@90``) does the same, then rank 0 requeues the job (``scontrol
+    requeue``), which resumes from preempted.ckpt: Lightning's auto-requeue would save from inside its
+    signal handler (a collective there pairs with whatever the other ranks do) where resume never looks.
     """
 
     def __init__(self, cfg: Any, run: Any, record_failure: Callable[..., Any]) -> None:
-        # run: a litlab.run.lifecycle.Run (its dir, resume_from); record_failure(trainer, status=...,
-        # error=...) writes summary.json.
+        # run: a litlab.run.lifecycle.Run; record_failure(trainer, status=, error=) writes summary.json.
         self.run, self.record_failure = run, record_failure
         self.hang_timeout, self.preempt_grace = float(cfg.hang_timeout), float(cfg.preempt_grace)
         self.run_dir = Path(run.dir)
         self.trained = False  # a first training batch ended in this process
         self.validated = False  # a first validation (not the sanity check) started in this process
         self.watchdog: Watchdog | None = None
-        self.requested = self.requeue = self.at_epoch_end = False  # a stop for a SIGTERM
-        self.boundary_reached = False  # every rank agreed to stop there: preempt_grace no longer counts
-        self.training = False  # between on_train_start and the end of the fit
+        self.signals: list[int] = [signal.SIGTERM]  # those that stop the run (and Slurm's requeue signal)
 
     # --- the watch's life --------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             failures.join_the_world(trainer)
-        self.requested = self.requeue = self.at_epoch_end = self.boundary_reached = self.training = False
-        # Here, before Lightning installs its handlers: it keeps the handlers it finds, and puts them
-        # back at its teardown.
+        self.requested = self.requeue = self.at_epoch_end = False  # a stop for a SIGTERM
+        self.boundary_reached = False  # every rank agreed to stop there: preempt_grace no longer counts
+        self.training = False  # between on_train_start and the end of the fit
+        self.flags_sent: tuple[Any, torch.Tensor, Any] | None = None  # the ranks' stop flags, under way
+        self.signals = _stop_signals(trainer)
+        # Before Lightning installs its handlers: it keeps those it finds and puts them back at teardown.
         if stage == "fit" and threading.current_thread() is threading.main_thread():
-            for signum in self._signals(trainer):
+            for signum in self.signals:
                 self._keep_through_the_stop(trainer, signum)
         HEARTBEAT.reset()
-        HEARTBEAT.beat(STARTING, trainer.global_step, first=not self.trained)
+        HEARTBEAT.beat(heartbeat.STARTING, trainer.global_step, first=not self.trained)
         watchdog = Watchdog(self, trainer)
         if self.hang_timeout > 0 or self.preempt_grace > 0 or watchdog.world() is not None:
             self.watchdog = watchdog
@@ -121,7 +101,7 @@ class RankWatch(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         self.training = True
-        for signum in self._signals(trainer):
+        for signum in self.signals:
             name = signal.Signals(signum).name
             signal.signal(signum, lambda number, frame, name=name: self._note(trainer, name))
         if self.watchdog is not None:
@@ -132,42 +112,32 @@ class RankWatch(Callback):
             world = failures.current_world()
             if world is not None:
                 world.running = False  # ranks that finished do not watch each other's exit
-            restore_signal_handlers()  # the handlers of before the fit
+            restore_signal_handlers()
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
         if isinstance(error, SIGTERMException) and self.watchdog is not None and self.preempt_grace > 0:
-            # Stopped between two batches for a SIGTERM (every rank at the same one): preempted.ckpt,
-            # summary.json and the exit are still to come, and whatever blocks there (a store whose
-            # host is gone) must not keep the process. stop_watching() ends the watch once recorded.
+            # Stopped for a SIGTERM: what blocks on the way out (a store whose host is gone) must not
+            # keep the process. stop_watching() ends the watch once the outcome is recorded.
             self.watchdog.stopping(trainer.global_step)
             return
-        # Lightning skips the teardown hooks after an exception: a failed fit must not leave a watchdog
-        # that ends the process later (a notebook, a test that trains in-process).
+        # Lightning skips teardown after an exception: a failed fit must not leave a watchdog that
+        # ends the process later (a notebook, a test that trains in-process).
         self.teardown(trainer, pl_module, "exception")
 
     # --- a stop for a SIGTERM, every rank at the same batch ----------------------------------------
 
-    def _signals(self, trainer: L.Trainer) -> list[int]:
-        signals = [signal.SIGTERM]
-        environment = cluster_environment(trainer)
-        if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
-            signals.append(environment.requeue_signal)
-        return signals
-
     def _keep_through_the_stop(self, trainer: L.Trainer, signum: int) -> None:
-        """Lightning's teardown, after a stop, puts back the handler it found when the fit began (the
-        default action: the process ends at once): the same signal again would end the run between
-        preempted.ckpt and summary.json, without a word. So the handler it finds is one installed
-        here, before it looks: one that notes the signal while a stop is under way, and otherwise
-        does what the handler of before the fit did (``restore_signal_handlers`` puts it back
-        once the run's outcome is recorded)."""
-        before = handlers_before_fit.get(signum, signal.getsignal(signum))
+        """Lightning's teardown after a stop puts back the handler it found at the fit's start, and
+        the same signal again would then end the run between preempted.ckpt and summary.json. So the
+        handler it finds is this one: it notes the signal while a stop is under way, and otherwise does
+        what the handler of before the fit did (``restore_signal_handlers`` puts that one back)."""
+        before = _handlers_before_fit.get(signum, signal.getsignal(signum))
         if before is None:  # a handler not installed from Python: left to Lightning
             return
-        handlers_before_fit.setdefault(signum, before)
+        _handlers_before_fit.setdefault(signum, before)
 
         def while_stopping(number: int, frame: Any) -> None:
             name = signal.Signals(number).name
@@ -188,18 +158,17 @@ class RankWatch(Callback):
     def _note(self, trainer: L.Trainer, name: str) -> None:
         self.requested = True
         self.requeue = self.requeue or name != "SIGTERM"
-        where = "this batch" if trainer.accumulate_grad_batches == 1 else "this accumulation window's step"
+        where = "the next batch" if trainer.world_size > 1 else "this batch"  # the ranks agree a batch later
+        if trainer.accumulate_grad_batches > 1:
+            where = f"the optimizer step that ends {where}'s window"
         log.warning("%s on rank %d: every rank stops after %s", name, trainer.global_rank, where)
-        # Under DDP the ranks decide together at the batch's end (on_train_batch_end), and so does a
-        # run that accumulates gradients (at the window's last batch).
         if trainer.world_size == 1 and trainer.accumulate_grad_batches == 1 and not _epoch_ending(trainer):
             self._stop(trainer)  # Lightning stops after the batch in progress
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not self._agreed(trainer):
+        if not self._agreed_a_batch_ago(trainer):
             return
-        # The ranks met at a batch boundary and agreed, within preempt_grace (the watchdog's); a
-        # validation under way, or the rest of an accumulation window (whose gradients no checkpoint
+        # A validation under way, or the rest of an accumulation window (whose gradients no checkpoint
         # holds), is finished first, watched by hang_timeout like any other.
         self.boundary_reached = True
         if _epoch_ending(trainer):
@@ -209,19 +178,32 @@ class RankWatch(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation; Lightning stops right after the epoch-end checkpoints.
-        if self._agreed(trainer) or self.at_epoch_end:
+        if self._agreed_now(trainer) or self.at_epoch_end:
             self.boundary_reached = True
             self._stop(trainer)
 
-    def _agreed(self, trainer: L.Trainer) -> bool:
-        """Whether any rank was asked to stop (a collective: every rank calls it at the same point)."""
+    def _agreed_now(self, trainer: L.Trainer) -> bool:
+        """Whether any rank was asked to stop: a collective every rank calls at the same point, and
+        under DDP a host sync (once an epoch)."""
         if trainer.world_size == 1:
             return self.requested
-        flags = [int(self.requested), int(self.requeue)]
-        decisions = torch.tensor(flags, device=trainer.strategy.root_device)
-        requested, requeue = (bool(d) for d in trainer.strategy.reduce(decisions, reduce_op="sum"))
-        self.requeue = requeue
-        return requested
+        flags = torch.tensor([int(self.requested), int(self.requeue)], device=trainer.strategy.root_device)
+        requested, requeue = trainer.strategy.reduce(flags, reduce_op="sum").tolist()
+        self.requeue = bool(requeue)
+        return bool(requested)
+
+    def _agreed_a_batch_ago(self, trainer: L.Trainer) -> bool:
+        """Whether any rank had been asked to stop by the previous batch's end. Under DDP each batch's
+        end starts the ranks' sum of their flags without waiting and reads the previous batch's: every
+        rank gets the same answer at the same batch, without a host sync on the batch's path."""
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return self._agreed_now(trainer)
+        sent, self.flags_sent = self.flags_sent, _send_flags(self.requested, self.requeue, trainer)
+        if sent is None:
+            return False
+        requested, requeue = _received_flags(sent)
+        self.requeue = self.requeue or bool(requeue)
+        return bool(requested)
 
     def _stop(self, trainer: L.Trainer) -> None:
         raise_sigterm_after_this_batch(trainer)
@@ -231,27 +213,23 @@ class RankWatch(Callback):
     # --- beats at the start of hooks ---------------------------------------------------------------
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
+        HEARTBEAT.beat(heartbeat.TRAINING, trainer.global_step, first=not self.trained)
 
-    def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
-        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
-
-    def on_before_optimizer_step(self, trainer: L.Trainer, *args: Any) -> None:
-        HEARTBEAT.beat(TRAINING, trainer.global_step, first=not self.trained)
+    on_before_backward = on_before_optimizer_step = on_train_batch_start
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         first = trainer.sanity_checking or not self.validated  # the sanity check, the first real one
         self.validated = self.validated or not trainer.sanity_checking
-        HEARTBEAT.beat(VALIDATION, trainer.global_step, first=first)
+        HEARTBEAT.beat(heartbeat.VALIDATION, trainer.global_step, first=first)
 
     def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        HEARTBEAT.beat(VALIDATION, trainer.global_step, first=HEARTBEAT.state.first)
+        HEARTBEAT.beat(heartbeat.VALIDATION, trainer.global_step, first=HEARTBEAT.state.first)
 
     def on_test_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        HEARTBEAT.beat(TESTING, trainer.global_step, first=HEARTBEAT.state.first)
+        HEARTBEAT.beat(heartbeat.TESTING, trainer.global_step, first=HEARTBEAT.state.first)
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        HEARTBEAT.beat(TESTING, trainer.global_step, first=True)
+        HEARTBEAT.beat(heartbeat.TESTING, trainer.global_step, first=True)
 
 
 class HeartbeatAfterYourCallbacks(Callback):
@@ -266,11 +244,11 @@ class HeartbeatAfterYourCallbacks(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.watch.trained = True
-        HEARTBEAT.beat(DATA, trainer.global_step)
+        HEARTBEAT.beat(heartbeat.DATA, trainer.global_step)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            HEARTBEAT.beat(DATA, trainer.global_step, first=not self.watch.trained)
+            HEARTBEAT.beat(heartbeat.DATA, trainer.global_step, first=not self.watch.trained)
 
 
 class Watchdog:
@@ -280,18 +258,17 @@ class Watchdog:
         self.watch, self.trainer = watch, trainer
         self.rank = trainer.global_rank
         self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
-        self.records: dict[int, dict[str, Any]] = {}  # the ranks' heartbeat records, this one's included
+        self.own_record: dict[str, Any] = {}  # the peers' are World.peers
+        self.heard_from: set[int] = set()  # the ranks whose record the last poll read
         self.peer_lost_at: float | None = None  # when a peer on this machine was found dead
         self.preempted_at: float | None = None
         self.stopping_at: float | None = None  # when the run began to stop at a boundary, for a SIGTERM
         self.stopping_step = 0
         self.signal_pipe: tuple[int, int] | None = None
-        self.previous_wakeup_fd: int | None = None
+        self.previous_wakeup_fd = -1
         self.ending = threading.Lock()  # held by the one thread that ends this process
         self.stopped = False
-        # Held while the watchdog reads the signal pipe, arms faulthandler or writes its record file:
-        # stop() closes the pipe and removes the file, stop_watching() cancels faulthandler, never
-        # in the middle of one of these.
+        # So that stop() and stop_watching() never act amid a pipe read, a faulthandler arm or a file write.
         self.lock = threading.Lock()
 
     def start(self) -> None:
@@ -310,9 +287,7 @@ class Watchdog:
             if self.signal_pipe is not None:
                 if threading.current_thread() is threading.main_thread():
                     with contextlib.suppress(ValueError):
-                        signal.set_wakeup_fd(
-                            -1 if self.previous_wakeup_fd is None else self.previous_wakeup_fd
-                        )
+                        signal.set_wakeup_fd(self.previous_wakeup_fd)
                 for end in self.signal_pipe:
                     os.close(end)
                 self.signal_pipe = None
@@ -330,12 +305,11 @@ class Watchdog:
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
         try:
-            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            self.previous_wakeup_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
         except ValueError:
             os.close(read_end)
             os.close(write_end)
             return
-        self.previous_wakeup_fd = previous if previous >= 0 else None
         self.signal_pipe = (read_end, write_end)
 
     # --- one look ----------------------------------------------------------------------------------
@@ -353,11 +327,11 @@ class Watchdog:
             # prints every stack and ends the process: pushed back at every look while this one runs.
             with self.lock:
                 if not self.stopped:
-                    faulthandler.dump_traceback_later(self.watch.preempt_grace + END_WITHIN_S, exit=True)
+                    faulthandler.dump_traceback_later(self.watch.preempt_grace + _END_WITHIN_S, exit=True)
             return
         state, stalled_for = HEARTBEAT.state, time.monotonic() - HEARTBEAT.at
         hang_timeout = self.watch.hang_timeout
-        stalled = hang_timeout > 0 and stalled_for > allowance(state, hang_timeout)
+        stalled = hang_timeout > 0 and stalled_for > heartbeat.allowance(state, hang_timeout)
         self.publish(heartbeat.record(stalled=stalled, stalled_for=round(stalled_for, 1)), world)
         end = world._get("hang/end") if world is not None else None
         if end is not None:
@@ -397,22 +371,22 @@ class Watchdog:
         with self.lock, contextlib.suppress(OSError):  # the file is for people looking at a running job
             if not self.stopped:  # stop() removed it: a run that went on leaves no stale one behind
                 (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").write_text(json.dumps(record))
-        self.records = {self.rank: record}
+        self.own_record = record
         if world is not None:
             world._set(f"beat/{self.rank}", record)
-            for rank in range(world.size):
-                found = world._get(f"beat/{rank}") if rank != self.rank else None
-                if found is not None:
-                    self.records[rank] = found
+            found = {rank: world._get(f"beat/{rank}") for rank in range(world.size) if rank != self.rank}
+            self.heard_from = {rank for rank, peer in found.items() if peer} | {self.rank}
+            # A new dict, as other threads may be reading the old one.
+            world.peers = {**world.peers, **{r: peer for r, peer in found.items() if peer}, self.rank: record}
 
     def every_rank_stalled(self, world: failures.World | None) -> bool:
         if world is None:
             return True
-        silent_after = SILENT_AFTER_POLLS * self.poll + 5
+        silent_after = _SILENT_AFTER_POLLS * self.poll + 5
         for rank in range(world.size):
-            record = self.records.get(rank, {})
+            record = world.peers.get(rank, {}) if rank in self.heard_from else {}
             if "stalled" not in record:
-                return False  # not watching yet: it is starting, or hang detection is off there
+                return False  # not watching yet, hang detection off there, or its record unread now
             if not record["stalled"] and time.time() - record["heartbeat"] < silent_after:
                 return False
         return True
@@ -425,7 +399,7 @@ class Watchdog:
             if self.signal_pipe is not None:
                 received = os.read(self.signal_pipe[0], 512)
         # Only the ranks that got the signal count the grace: the first past it claims the end for all.
-        if any(number in received for number in PREEMPTION_SIGNALS):
+        if any(number in received for number in self.watch.signals):
             self.preempted_at = time.monotonic()
 
     # --- the end -----------------------------------------------------------------------------------
@@ -439,28 +413,28 @@ class Watchdog:
                 claimed = True  # the store is gone with rank 0: say it from here
             if not claimed:
                 return  # the claimant's record comes at a next tick
-        cause = self.hang_cause(world) if kind == "hang" else self.preemption_cause(world)
+        cause = self.cause(kind, world)
         if world is not None:
             world._set("hang/end", {"kind": kind, "cause": cause})
         self.end(kind, cause)
 
-    def stuck(self) -> tuple[int, str, float]:
+    def stuck(self, world: failures.World | None) -> tuple[int, str, float]:
         """The rank the others wait for, where it is in words, and for how long it stalled."""
-        rank = min(self.records, key=lambda r: (*order(_state(self.records[r])), r))
-        record = self.records[rank]
-        return rank, describe(_state(record)), record.get("stalled_for", 0.0)
+        records = world.peers if world is not None else {self.rank: self.own_record}
+        rank = min(records, key=lambda r: (*heartbeat.order(_state(records[r])), r))
+        record = records[rank]
+        return rank, heartbeat.describe(_state(record)), record.get("stalled_for", 0.0)
 
-    def hang_cause(self, world: failures.World | None) -> str:
-        rank, where, stalled_for = self.stuck()
-        who = f"rank {rank}" if world is not None else "the run"
-        stacks = self.watch.run_dir / ("stacks-rank*.txt" if world is not None else "stacks-rank0.txt")
-        return (
-            f"{who} made no progress for {stalled_for:.0f} s in {where} "
-            f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
-        )
-
-    def preemption_cause(self, world: failures.World | None) -> str:
-        rank, where, _ = self.stuck()
+    def cause(self, kind: str, world: failures.World | None) -> str:
+        """Why the run ends, for a hang or a preemption."""
+        rank, where, stalled_for = self.stuck(world)
+        if kind == "hang":
+            who = f"rank {rank}" if world is not None else "the run"
+            stacks = self.watch.run_dir / ("stacks-rank*.txt" if world is not None else "stacks-rank0.txt")
+            return (
+                f"{who} made no progress for {stalled_for:.0f} s in {where} "
+                f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
+            )
         who = f"rank {rank} is" if world is not None else "it is"
         return (
             f"SIGTERM: the ranks did not reach a common batch boundary within "
@@ -481,17 +455,14 @@ class Watchdog:
             while True:  # another thread of this process is ending it
                 time.sleep(1)
         heartbeat.unwatch("rank", self.tick)
-        faulthandler.dump_traceback_later(END_WITHIN_S, exit=True)  # whatever blocks below
+        faulthandler.dump_traceback_later(_END_WITHIN_S, exit=True)  # whatever blocks below
         world = failures.current_world()
         if world is not None:
             world.running = False  # peers that end now are not reported
         self.dump_stacks(world)
         if kind in ("hang", "peer"):  # a failure: what it leaves to resume from
-            reason, status, code = (
-                f"{cause}; every rank stopped; {failures.kept(self.trainer)}",
-                "failed",
-                EXIT_FAILED,
-            )
+            reason = f"{cause}; every rank stopped; {failures.kept(self.trainer)}"
+            status, code = "failed", EXIT_FAILED
         else:  # "preempt" or "stop" (stuck on the way out: preempted.ckpt is the newest once written)
             written = "no preempted checkpoint was written; " if kind == "preempt" else ""
             reason = f"{cause}; {written}the next attempt resumes from {self.resume_point()}"
@@ -521,9 +492,9 @@ class Watchdog:
         record = functools.partial(self.watch.record_failure, self.trainer, status=status, error=reason)
         writer = threading.Thread(target=record, daemon=True)
         writer.start()
-        writer.join(SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
+        writer.join(_SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
         if writer.is_alive():
-            log.warning("summary.json: the storage's copy was not written in %d s", SUMMARY_WAIT_S)
+            log.warning("summary.json: the storage's copy was not written in %d s", _SUMMARY_WAIT_S)
 
     def dump_stacks(self, world: failures.World | None = None) -> None:
         """Every thread's Python stack (faulthandler), then with py-spy (where installed) the native
@@ -532,54 +503,47 @@ class Watchdog:
         ranks = set()  # processes of other ranks (Lightning's launcher starts them here): they dump their own
         if world is not None:
             ranks = {peer["pid"] for peer in world.peers.values()} | {c.pid for c in world.children.values()}
-        children = [c for c in psutil.Process().children() if c.pid not in ranks]
+        children = [c.pid for c in psutil.Process().children() if c.pid not in ranks]
         py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-        deadline = time.monotonic() + PY_SPY_S
+        deadline = time.monotonic() + _PY_SPY_S
+        pids = ", ".join(map(str, children))
+        missing = f"; the stacks of its child processes ({pids}) are missing too" if children else ""
+        where = heartbeat.describe(HEARTBEAT.state)
         try:
             with open(path, "w") as file:
-                file.write(f"rank {self.rank} (pid {os.getpid()}), in {describe(HEARTBEAT.state)}\n\n")
+                file.write(f"rank {self.rank} (pid {os.getpid()}), in {where}\n\n")
                 file.flush()
                 faulthandler.dump_traceback(file=file, all_threads=True)
                 if py_spy is None:
-                    pids = ", ".join(str(c.pid) for c in children)
-                    missing = (
-                        f"; the stacks of its child processes ({pids}) are missing too" if children else ""
-                    )
                     file.write(f"\nno native stacks: py-spy is not installed (pip install py-spy){missing}\n")
                     return
-                for pid, native in [(os.getpid(), ["--native"]), *((c.pid, []) for c in children)]:
+                for pid, native in [(os.getpid(), ["--native"]), *((pid, []) for pid in children)]:
                     file.write(f"\npy-spy dump {' '.join(native)} --pid {pid}:\n")
                     file.flush()
+                    timeout = max(1.0, deadline - time.monotonic())
                     with contextlib.suppress(OSError, subprocess.SubprocessError):
-                        subprocess.run(
-                            [py_spy, "dump", *native, "--pid", str(pid)],
-                            stdout=file,
-                            stderr=subprocess.STDOUT,
-                            timeout=max(1.0, deadline - time.monotonic()),
-                        )
+                        command = [py_spy, "dump", *native, "--pid", str(pid)]
+                        subprocess.run(command, stdout=file, stderr=subprocess.STDOUT, timeout=timeout)
         except OSError as error:
             log.warning("hangs: stacks not written to %s: %s", path, error)
 
 
 _current: Watchdog | None = None  # this process's newest
-
-
-handlers_before_fit: dict[int, Any] = {}  # what RankWatch's signal handlers stand in for
+_handlers_before_fit: dict[int, Any] = {}  # what RankWatch's signal handlers stand in for
 
 
 def restore_signal_handlers() -> None:
-    """The signal handlers of before the fit, in place of those that note a signal while a stop is
-    under way: called once a stopped run's outcome is recorded (and when fitting ends)."""
+    """Puts back the signal handlers of before the fit (once a stopped run's outcome is recorded, or
+    when fitting ends)."""
     if threading.current_thread() is threading.main_thread():
-        for signum, handler in handlers_before_fit.items():
+        for signum, handler in _handlers_before_fit.items():
             signal.signal(signum, handler)
-    handlers_before_fit.clear()
+    _handlers_before_fit.clear()
 
 
 def stop_watching() -> None:
-    """Called once the outcome of a run that stopped for a SIGTERM is recorded (summary.json, its
-    line): the watch of its stop ends and the handlers of before the fit are back; a process that
-    goes on (a notebook) is not ended later."""
+    """Called once the outcome of a run stopped by a SIGTERM is recorded: its watch ends and the
+    handlers of before the fit are back, so a process that goes on (a notebook) is not ended later."""
     restore_signal_handlers()
     watchdog = _current
     if watchdog is not None and watchdog.stopping_at is not None:
@@ -609,8 +573,9 @@ def _end_child_processes() -> None:
             child.kill()
 
 
-def _state(record: dict[str, Any]) -> State:
-    return State(**{name: record[name] for name in State.__dataclass_fields__ if name in record})
+def _state(record: dict[str, Any]) -> heartbeat.State:
+    fields = heartbeat.State.__dataclass_fields__
+    return heartbeat.State(**{name: record[name] for name in fields if name in record})
 
 
 def _epoch_ending(trainer: L.Trainer) -> bool:
@@ -618,6 +583,39 @@ def _epoch_ending(trainer: L.Trainer) -> bool:
     cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
     of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
     return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
+
+
+def _stop_signals(trainer: L.Trainer) -> list[int]:
+    """SIGTERM, and under Slurm its requeue signal (what ``--signal=USR1@90`` sends)."""
+    environment = cluster_environment(trainer)
+    if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+        return [signal.SIGTERM, environment.requeue_signal]
+    return [signal.SIGTERM]
+
+
+def _send_flags(requested: bool, requeue: bool, trainer: L.Trainer) -> tuple[Any, torch.Tensor, Any]:
+    """Starts the ranks' sum of their stop flags without waiting for it; ``_received_flags`` reads it."""
+    device = trainer.strategy.root_device
+    if device.type != "cuda":  # gloo sums in its own threads
+        flags = torch.tensor([int(requested), int(requeue)], device=device)
+        return torch.distributed.all_reduce(flags, async_op=True), flags, None
+    # Pinned memory and non_blocking copies: neither copy waits for the GPU.
+    flags = torch.tensor([int(requested), int(requeue)], pin_memory=True).to(device, non_blocking=True)
+    torch.distributed.all_reduce(flags, async_op=True).wait()  # NCCL: the stream waits, not the host
+    on_host = flags.to("cpu", non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return None, on_host, copied
+
+
+def _received_flags(sent: tuple[Any, torch.Tensor, Any]) -> list[int]:
+    """The sum ``_send_flags`` started, a batch ago: by now done, so waiting for it costs nothing."""
+    work, flags, copied = sent
+    if copied is None:
+        work.wait()
+    else:
+        copied.synchronize()
+    return flags.tolist()
 
 
 def _requeue_this_job() -> None:

@@ -1,8 +1,5 @@
-"""A run's identity, directories and outcome: everything around ``trainer.fit``.
-
-``prepare_run`` decides what is decided once per run (seed, identity, storage folder, resume point);
-``finish`` tests the model and writes ``summary.json`` (``litlab.run.summary.Summary``), which
-reports, sweeps and resume read.
+"""Everything around ``trainer.fit``: ``prepare_run`` decides what is decided once per run (seed,
+identity, storage folder, resume point); ``finish`` tests the model and writes summary.json.
 """
 
 from __future__ import annotations
@@ -10,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 import logging
 import os
 import platform
@@ -25,11 +21,12 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.run_stats import RunStats
-from litlab.config.identity import run_identity, run_settings, start_record
-from litlab.config.redact import redact, redact_hydra_record, typed_overrides
+from litlab.config.identity import once, run_identity, run_settings, start_record
+from litlab.config.redact import redact, redact_hydra_record
 from litlab.config.rules import BatchSizes
 from litlab.errors import EXIT_PREEMPTED
 from litlab.logs import global_rank
@@ -37,7 +34,7 @@ from litlab.run import doctor
 from litlab.run.ending import failure_reason
 from litlab.run.hangs import stop_watching
 from litlab.run.loggers import log_final_metrics
-from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, now, run_groups, sweep_job
+from litlab.run.summary import COMPLETED, FAILED, INTERRUPTED, PRUNED, Summary, sweep_job
 from litlab.storage import resume
 from litlab.storage.checkpoints import kept_checkpoint, last_checkpoint
 from litlab.storage.lock import RunLock
@@ -96,8 +93,7 @@ class Run:
 
     @property
     def fit_elsewhere(self) -> bool:
-        """This process forked the ranks that fit (``strategy=ddp_notebook``): Lightning hands back to
-        it the metrics, the best checkpoint's path and the weights, not the progress (``ForkedRankZero``)."""
+        """This process forked the ranks that fit (``strategy=ddp_notebook``; ``ForkedRankZero``)."""
         return self.forks_ranks and os.getpid() == self.pid
 
     @property
@@ -114,12 +110,8 @@ class Run:
         self.precision = {"requested": requested, "effective": effective}
         if requested != effective:
             log.warning(
-                "precision: requested %s but this accelerator runs %s; results of this run are %s "
-                "results, not %s (summary.json records both)",
-                requested,
-                effective,
-                effective,
-                requested,
+                f"precision: requested {requested} but this accelerator runs {effective}; results of this "
+                f"run are {effective} results, not {requested} (summary.json records both)"
             )
 
     @contextlib.contextmanager
@@ -160,7 +152,8 @@ class Run:
 def prepare_run(cfg: DictConfig) -> Run:
     """Seed, and decide the run's identity, storage folder and resume point; take the run's lock
     (``with prepare_run(cfg) as run:`` releases it)."""
-    check_storage(cfg.storage)  # the preflight did too, except for sweep jobs
+    storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True, throw_on_missing=True)
+    once("storage", storage_cfg, lambda: check_storage(storage_cfg))  # unless this start's preflight did
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     settings = run_settings(cfg)
@@ -222,27 +215,21 @@ def finish(
     # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
     # when the best checkpoint was written, which forgets a last.ckpt written after it.
     checkpoints = _checkpoints(trainer, run)
-    if cfg.test_after_fit and not pruned and _has_test_step(module):
+    if cfg.test_after_fit and not pruned and is_overridden("test_step", module):
         tested = checkpoints["best"]  # None (debug=fast, no checkpoint callback): the weights as trained
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
     metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
     if not run.fit_elsewhere:  # there forked rank 0 notes it: CUDA stays uninitialised in this process
         run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
+    status = PRUNED if pruned else COMPLETED
     summary = write_summary(
-        cfg,
-        trainer,
-        run,
-        status=PRUNED if pruned else COMPLETED,
-        metrics=metrics,
-        checkpoints={**checkpoints, "tested": tested},
+        cfg, trainer, run, status, metrics=metrics, checkpoints={**checkpoints, "tested": tested}
     )
     log_final_metrics(trainer.loggers, summary, is_global_zero=trainer.is_global_zero)
     if trainer.is_global_zero:
         doctor.warn(summary.diagnosis or [])
-    value = summary.metrics.get(cfg.optimized_metric)
-    if trainer.is_global_zero:  # the run's last line, once
-        log.info(result_line(summary, run.dir))
-    return value
+        log.info(result_line(summary, run.dir))  # the run's last line, once
+    return summary.metrics.get(cfg.optimized_metric)
 
 
 def result_line(summary: Summary, run_dir: Path) -> str:
@@ -269,17 +256,9 @@ def _checkpoints(trainer: L.Trainer, run: Run) -> dict[str, Any]:
     return {"dir": run.checkpoint_dir, "best": best or None, "last": last_checkpoint(trainer)}
 
 
-def _has_test_step(module: L.LightningModule) -> bool:
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    return is_overridden("test_step", module)
-
-
 class ForkedRankZero(Callback):
-    """``strategy=ddp_notebook``: the fit runs in ranks Lightning forks from the process that prepared
-    the run, and the steps, epochs, history, throughput and world stay in them. Forked rank 0 writes
-    summary.json as its fit ends, as a ``ddp`` run's rank 0 would without a test; the process that
-    forked it then tests and writes it again with the test's outcome (``write_summary``)."""
+    """``strategy=ddp_notebook``: the fit's progress stays in the forked ranks, so forked rank 0 writes
+    summary.json as its fit ends; the process that forked it then tests and writes it again."""
 
     def __init__(self, cfg: DictConfig, run: Run) -> None:
         self.cfg, self.run = cfg, run
@@ -291,19 +270,7 @@ class ForkedRankZero(Callback):
             write_summary(self.cfg, trainer, self.run, status=PRUNED if pruned else COMPLETED)
 
 
-def write_summary(cfg: DictConfig, trainer: L.Trainer, run: Run, status: str, **extra: Any) -> Summary:
-    summary = summarise(cfg, trainer, run, status, **extra)
-    if run.fit_elsewhere:
-        summary = _with_what_rank_zero_saw(summary, run)
-    summary.diagnosis = doctor.diagnose(summary)  # what the run's own numbers show
-    if run.is_global_zero:
-        summary.write(run.dir / "summary.json")
-        if not run.stored_in_own_dir:
-            run.storage.write_text("summary.json", summary.to_json())
-    return summary
-
-
-def summarise(
+def write_summary(
     cfg: DictConfig,
     trainer: L.Trainer,
     run: Run,
@@ -312,24 +279,32 @@ def summarise(
     metrics: dict[str, float] | None = None,
     checkpoints: dict[str, Any] | None = None,
 ) -> Summary:
-    hydra = HydraConfig.get()
+    """The run's summary from its Trainer, with the doctor's diagnosis; rank 0 writes it."""
+    known = _known(trainer, run, metrics or _floats(trainer.callback_metrics), checkpoints)
+    summary = Summary.of(cfg, error, run_dir=run.dir, hydra=HydraConfig.get(), status=status, **known)
+    if run.fit_elsewhere:
+        summary = _with_what_rank_zero_saw(summary, run)
+    summary = dataclasses.replace(summary, diagnosis=doctor.diagnose(summary))  # what its numbers show
+    if run.is_global_zero:
+        summary.write(run.dir / "summary.json")
+        if not run.stored_in_own_dir:
+            run.storage.write_text("summary.json", summary.to_json())
+    return summary
+
+
+def _known(trainer: L.Trainer, run: Run, metrics: dict[str, float], checkpoints: Any) -> dict[str, Any]:
+    """The summary's fields the Trainer and the run know, in place of what the config says."""
     sizes = run.batch_sizes
     stats = run.stats.stats if run.stats is not None else {}
     decision = run.resume or resume.Decision()
-    return Summary(
-        status=status,
-        error=error,
-        experiment_name=cfg.experiment_name,
+    return dict(
+        sweep=sweep_job(),
+        metrics=dict(sorted(metrics.items())),
+        checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
         run_name=run.identity,
-        run_dir=str(run.dir),
         storage_dir=run.storage.url,
-        groups=run_groups(dict(hydra.runtime.choices)),
-        overrides=typed_overrides(hydra.overrides.task),  # as typed: not with the environment's values
-        optimized_metric=cfg.optimized_metric,
-        optimized_metric_mode=cfg.optimized_metric_mode,
         precision=run.precision,
         accelerator=trainer.strategy.root_device.type,
-        strategy=cfg.strategy.name,
         devices=trainer.num_devices,
         num_nodes=trainer.num_nodes,
         world_size=trainer.world_size,
@@ -337,21 +312,16 @@ def summarise(
         micro_batch_size=sizes.micro if sizes else None,
         accumulate_grad_batches=sizes.accumulation if sizes else None,
         effective_batch_size=sizes.effective if sizes else None,
-        global_batch_size=cfg.get("global_batch_size"),
         epochs=trainer.current_epoch,
         global_step=trainer.global_step,
-        metrics=dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
         throughput={k: v for k, v in stats.items() if k != "memory"},
         memory=stats.get("memory"),
-        checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
         resume_exact=run.resume_exact,
         resumed_count=decision.resumed_count,
         resumed_across=decision.resumed_across,
         tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
         wall_time_s=round(time.time() - run.started, 3),
         started_at=dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
-        finished_at=now(),
-        sweep=sweep_job(),
         torch_flags=run.stats.torch_flags if run.stats is not None else None,
         versions=_versions(),
         git_commit=_git_commit(),
@@ -360,12 +330,10 @@ def summarise(
 
 
 def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
-    """This process's summary of a fit that ran in forked ranks, on top of the one forked rank 0 wrote
-    as it ended (``ForkedRankZero``): its outcome (status, error, metrics, checkpoints, times) on rank
-    0's progress. An end rank 0 recorded itself (its watchdog's: a hang, a lost rank) is kept whole: it
-    says more than the exit status this process sees. Without one, the progress is unknown (None)."""
+    """This process's outcome of a forked fit on the progress forked rank 0 wrote (``ForkedRankZero``);
+    an end rank 0 recorded itself (a hang, a lost rank) says more, and is kept whole."""
     path = run.dir / "summary.json"
-    seen = Summary.from_dict(json.loads(path.read_text())) if path.is_file() else None
+    seen = Summary.load(path) if path.is_file() else None
     if seen is None or seen.started_at != summary.started_at:  # none of this start's
         return dataclasses.replace(summary, epochs=None, global_step=None)
     if seen.status != COMPLETED:
@@ -383,8 +351,6 @@ def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
 
 
 def _cluster_environment(trainer: L.Trainer) -> str | None:
-    """Who started the ranks, as Lightning saw it: LightningEnvironment (Lightning itself),
-    TorchElasticEnvironment (torchrun) or SLURMEnvironment; None for a single-device run."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     return type(environment).__name__ if environment is not None else None
 
@@ -406,13 +372,11 @@ def _versions() -> dict[str, str]:
 
 
 def _git_commit() -> str | None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, check=True).stdout
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5
-        ).stdout.strip()
+        commit, dirty = git("rev-parse", "HEAD").strip(), git("status", "--porcelain").strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() + ("-dirty" if dirty else "")
+    return commit + ("-dirty" if dirty else "")

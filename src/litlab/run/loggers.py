@@ -1,9 +1,5 @@
-"""What litlab adds to Lightning's loggers (litlab/conf/logger/): sweep grouping, final metrics, clear errors.
-
-A sweep job's MLflow run is tagged with its sweep and its W&B run grouped by it; after the test every
-logger gets the summary's metrics as ``final/<name>``; MLflow's tracking URI loses its user-info to
-``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; every logger's hyperparameters are redacted
-(``redacting_class``); a logger whose package is missing is one line. Details: docs/loggers.md.
+"""What litlab adds to Lightning's loggers (litlab/conf/logger/): sweep grouping, final metrics, no
+credentials, and one line for a missing package. Details: docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -17,14 +13,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.config.redact import redact_text, url_without_userinfo
-from litlab.errors import LitlabError
+from litlab.errors import LitlabError, one_line
 from litlab.run.summary import Summary
 
 # Loggers whose package is an optional extra of litlab: class name -> (package, extra).
-OPTIONAL_LOGGERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
+_OPTIONAL_LOGGERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
 
 
-def logger_kind(logger_cfg: DictConfig) -> str:
+def _logger_kind(logger_cfg: DictConfig) -> str:
     """The class name a logger config's ``_target_`` names (``MLFlowLogger``, ``WandbLogger``, ...)."""
     return str(logger_cfg.get("_target_", "")).rsplit(".", 1)[-1]
 
@@ -33,7 +29,7 @@ def grouping_arguments(
     logger_cfg: DictConfig, sweep: dict[str, Any] | None, run_dir: Path | None
 ) -> dict[str, Any]:
     """Constructor arguments that name the run and group a sweep's runs, where the config does not."""
-    kind = logger_kind(logger_cfg)
+    kind = _logger_kind(logger_cfg)
     sweep_name = Path(str(sweep["dir"])).name if sweep else None
     run_name = f"{sweep_name}/{sweep['job_num']}" if sweep else (run_dir.name if run_dir else None)
     arguments: dict[str, Any] = {}
@@ -52,15 +48,12 @@ def grouping_arguments(
 
 
 def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
-    """A logger's metric-name ``prefix`` without URL user-info (it is written into every metric's name),
-    and an MLflow logger's ``tracking_uri`` without user-info, its credentials moved into the
-    environment variables MLflow's client authenticates with. Variables already set are kept: MLflow
-    sends those (as ``requests`` auth) even when the URL has user-info, so nothing changes who the run
-    authenticates as. They stay set for the rest of the process (MLflow's client reads them at every
-    request) and for the processes it starts (DDP ranks, sweep jobs)."""
+    """A logger's ``prefix`` and an MLflow ``tracking_uri`` without URL user-info, the credentials moved
+    into the environment variables MLflow's client authenticates with (those already set win, as they
+    do in MLflow; they stay set for this process and those it starts: DDP ranks, sweep jobs)."""
     prefix = logger_cfg.get("prefix")
     arguments = {"prefix": redact_text(prefix)} if isinstance(prefix, str) and "@" in prefix else {}
-    if logger_kind(logger_cfg) != "MLFlowLogger" or not logger_cfg.get("tracking_uri"):
+    if _logger_kind(logger_cfg) != "MLFlowLogger" or not logger_cfg.get("tracking_uri"):
         return arguments
     bare, username, password = url_without_userinfo(str(logger_cfg.tracking_uri))
     if username is None:
@@ -71,11 +64,9 @@ def credential_arguments(logger_cfg: DictConfig) -> dict[str, Any]:
     return {**arguments, "tracking_uri": bare}
 
 
-class RedactsHyperparameters:
-    """Put before a logger class: every ``log_hyperparams`` passes ``redact_hyperparameters`` (set on
-    the instance) first. Lightning logs what the module's and datamodule's ``save_hyperparameters``
-    recorded, real values and all, through that method when fitting starts; litlab's own calls (the
-    redacted config, the group choices) pass too, unchanged (redacting is idempotent)."""
+class _RedactsHyperparameters:
+    """Put before a logger class: every ``log_hyperparams`` (Lightning's of what ``save_hyperparameters``
+    recorded, real values and all) passes ``redact_hyperparameters`` (set on the instance) first."""
 
     logger_class: type  # the configured class, which this one subclasses
     redact_hyperparameters: Callable[[Any], Any]
@@ -86,32 +77,30 @@ class RedactsHyperparameters:
 
 @functools.cache
 def redacting_class(logger_class: type) -> type:
-    """``logger_class`` with ``RedactsHyperparameters`` in front: an instance of it is an instance of the
-    configured class for Lightning and for every ``isinstance`` check, under the same name."""
+    """``logger_class`` with ``_RedactsHyperparameters`` in front, under its name (``isinstance`` holds)."""
     return type(
         logger_class.__name__,
-        (RedactsHyperparameters, logger_class),
+        (_RedactsHyperparameters, logger_class),
         {"__module__": __name__, "__qualname__": logger_class.__qualname__, "logger_class": logger_class},
     )
 
 
 def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:
     """The one line for a logger whose package is missing (Lightning raises ModuleNotFoundError)."""
-    kind = logger_kind(logger_cfg)
-    if kind in OPTIONAL_LOGGERS:
-        package, extra = OPTIONAL_LOGGERS[kind]
+    kind = _logger_kind(logger_cfg)
+    if kind in _OPTIONAL_LOGGERS:
+        package, extra = _OPTIONAL_LOGGERS[kind]
         fix = f"pip install 'litlab[{extra}]' (or pip install {package})"
     else:
-        fix = f"install the package it names ({' '.join(str(error).split())})"
+        fix = f"install the package it names ({one_line(error)})"
     return LitlabError(
         f"logger.{name} ({logger_cfg.get('_target_')}) needs a package that is not installed: {fix}"
     )
 
 
 def check_wandb_login(logger_cfg: DictConfig) -> None:
-    """An online W&B logger needs a login; without one, wandb.init fails inside fit with a traceback
-    (or waits for a prompt). Offline (``WANDB_MODE``, ``wandb offline``, ``offline: true``) needs none."""
-    if logger_kind(logger_cfg) != "WandbLogger" or logger_cfg.get("offline"):
+    """An online W&B logger needs a login (without one, wandb.init fails inside fit or waits for a prompt)."""
+    if _logger_kind(logger_cfg) != "WandbLogger" or logger_cfg.get("offline"):
         return
     import wandb
     from wandb.sdk import wandb_setup

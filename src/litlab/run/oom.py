@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from omegaconf import DictConfig, OmegaConf
@@ -31,16 +31,14 @@ Built = tuple["L.Trainer", "L.LightningModule", "L.LightningDataModule"]
 _BATCH_COUNTS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "val_check_interval")
 
 
-class OutOfMemory(LitlabError):
-    """Training ran out of memory and was not (or could no longer be) retried smaller."""
-
+class _OutOfMemory(LitlabError):
     exit_code = EXIT_FAILED
 
 
 def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> Built:
     """Build the Trainer, module and data and fit them; summary.json records a failure."""
     if cfg.tune.batch_size:
-        tune_batch_size(cfg, run, build)
+        _tune_batch_size(cfg, run, build)
     tried: list[int] = []
     while True:
         trainer, module, data = build(cfg, run)
@@ -51,32 +49,23 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
             except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one
                 if not is_oom_error(error):
                     raise
-                why_not = _why_not_retry(cfg, run, len(tried) - 1, trainer.global_step)
-                if why_not is None and not every_rank_out_of_memory(trainer.global_step, len(tried)):
-                    why_not = (
-                        f" on rank {trainer.global_rank} only (oom=auto_shrink shrinks only when every rank "
-                        "runs out of memory in the same step, so that all keep one micro-batch)"
-                    )
-                if why_not is not None:
-                    raise OutOfMemory(advice(cfg, run, trainer.global_step, error, why_not)) from error
-                log.warning(
-                    "out of memory at global step %d with micro-batch %d: retrying with %d "
-                    "(oom=auto_shrink, halving %d of at most %d)",
-                    trainer.global_step,
-                    run.batch_sizes.micro,
-                    run.batch_sizes.micro // 2,
-                    len(tried),
-                    cfg.oom.max_shrinks,
-                )
+                _shrink_or_raise(cfg, run, trainer, error, shrinks=len(tried) - 1)
             else:
                 if cfg.oom.action == "auto_shrink":
-                    run.extra["oom"] = _report(cfg, run, tried)
+                    sizes = run.batch_sizes
+                    run.extra["oom"] = {
+                        "action": cfg.oom.action,
+                        "shrinks": len(tried) - 1,
+                        "tried_micro_batch_sizes": tried,
+                        "micro_batch_size": sizes.micro,
+                        "accumulate_grad_batches": sizes.accumulation,
+                    }
                     if len(tried) > 1:
                         log.info(
                             "oom=auto_shrink: micro-batch %d x accumulation %d fits (effective batch %d)",
-                            run.batch_sizes.micro,
-                            run.batch_sizes.accumulation,
-                            run.batch_sizes.effective,
+                            sizes.micro,
+                            sizes.accumulation,
+                            sizes.effective,
                         )
                 return trainer, module, data
         # Here the error, and the frames that held its tensors, are gone: free the cache and retry.
@@ -87,8 +76,8 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
             run.storage.write_text("config.yaml", OmegaConf.to_yaml(redact(cfg)))
 
 
-def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> int:
-    """Run Lightning's batch-size finder on a throwaway Trainer and set ``data.batch_size`` to its result."""
+def _tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> None:
+    """Sets ``data.batch_size`` to what Lightning's batch-size finder picks on a throwaway Trainer."""
     from lightning.pytorch.callbacks import ProgressBar
     from lightning.pytorch.tuner import Tuner
 
@@ -103,21 +92,15 @@ def tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run]
         if isinstance(callback, ProgressBar):  # silences only the progress bar it finds by type)
             callback.disable()
     with run.recording_failure(cfg, trainer):
-        found = Tuner(trainer).scale_batch_size(
-            module,
-            datamodule=data,
-            mode=tune.mode,
-            init_val=tune.init_val,
-            max_trials=tune.max_trials,
-            steps_per_trial=tune.steps_per_trial,
-            max_val=tune.max_val,
-        )
+        settings = {
+            key: tune[key] for key in ("mode", "init_val", "max_trials", "steps_per_trial", "max_val")
+        }
+        found = Tuner(trainer).scale_batch_size(module, datamodule=data, **settings)
     del trainer, module, data
     garbage_collection_cuda()
     cfg.data.batch_size = int(found)
     run.extra["tune"] = {"batch_size": int(found), "initial_batch_size": initial, "mode": tune.mode}
     log.info("tune: the batch-size finder (%s mode) picked data.batch_size=%d", tune.mode, found)
-    return int(found)
 
 
 def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: str) -> str:
@@ -149,18 +132,38 @@ def advice(cfg: DictConfig, run: Run, step: int, error: BaseException, why_not: 
     return f"out of memory at {where} ({torch_says}){why_not}; try {tried}"
 
 
-def _why_not_retry(cfg: DictConfig, run: Run, shrinks: int, step: int) -> str | None:
-    """None when oom=auto_shrink may retry this error; otherwise the words saying why not."""
-    oom, micro = cfg.oom, run.batch_sizes.micro
+def _shrink_or_raise(
+    cfg: DictConfig, run: Run, trainer: L.Trainer, error: BaseException, shrinks: int
+) -> None:
+    """Raises the error's one-line advice, unless oom=auto_shrink halves the micro-batch and fits again."""
+    oom, micro, step = cfg.oom, run.batch_sizes.micro, trainer.global_step
     if oom.action != "auto_shrink":
-        return ""
-    if shrinks >= oom.max_shrinks:
-        return f" after {shrinks} halvings (oom.max_shrinks={oom.max_shrinks})"
-    if step >= oom.within_steps:
-        return f", after the first {oom.within_steps} steps that oom=auto_shrink retries (oom.within_steps)"
-    if micro % 2:
-        return f", and micro-batch {micro} is odd: halving it would change the effective batch"
-    return None
+        why_not = ""
+    elif shrinks >= oom.max_shrinks:
+        why_not = f" after {shrinks} halvings (oom.max_shrinks={oom.max_shrinks})"
+    elif step >= oom.within_steps:
+        why_not = (
+            f", after the first {oom.within_steps} steps that oom=auto_shrink retries (oom.within_steps)"
+        )
+    elif micro % 2:
+        why_not = f", and micro-batch {micro} is odd: halving it would change the effective batch"
+    elif not every_rank_out_of_memory(step, shrinks + 1):
+        why_not = (
+            f" on rank {trainer.global_rank} only (oom=auto_shrink shrinks only when every rank "
+            "runs out of memory in the same step, so that all keep one micro-batch)"
+        )
+    else:
+        log.warning(
+            "out of memory at global step %d with micro-batch %d: retrying with %d "
+            "(oom=auto_shrink, halving %d of at most %d)",
+            step,
+            micro,
+            micro // 2,
+            shrinks + 1,
+            oom.max_shrinks,
+        )
+        return
+    raise _OutOfMemory(advice(cfg, run, step, error, why_not)) from error
 
 
 def _halve_micro_batch(cfg: DictConfig) -> None:
@@ -171,13 +174,3 @@ def _halve_micro_batch(cfg: DictConfig) -> None:
         value = cfg.trainer.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             cfg.trainer[key] = value * 2
-
-
-def _report(cfg: DictConfig, run: Run, tried: list[int]) -> dict[str, Any]:
-    return {
-        "action": cfg.oom.action,
-        "shrinks": len(tried) - 1,
-        "tried_micro_batch_sizes": tried,
-        "micro_batch_size": run.batch_sizes.micro,
-        "accumulate_grad_batches": run.batch_sizes.accumulation,
-    }

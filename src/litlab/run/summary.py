@@ -1,8 +1,7 @@
 """summary.json: the one record of a run's outcome, read by resume, sweeps, reports and people.
 
-``Summary`` is its one definition and ``Summary.write`` its one writer (atomic, redacted); a run
-without a Trainer to ask gets ``Summary.failed``. Its fields are in docs/runs.md. Nothing here
-imports torch.
+``Summary`` is its one definition, ``Summary.of`` its one builder and ``Summary.write`` its one writer
+(atomic, redacted). Its fields are in docs/runs.md. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ NOT_STARTED, RUNNING = "not started", "running"
 # Groups that are not settings of a run: Hydra's own, the schemas, and what picks a sweep's jobs.
 _NOT_RUN_GROUPS = ("hydra", "schema")
 
-# Set for the single-run child of a sweep job (and inherited by its ranks): the job's sweep
-# directory and number, as JSON, for summary.json and for recording the job's failure.
+# The single-run child of a sweep job's place in its sweep, as JSON (its ranks inherit it).
 SWEEP_JOB_ENV = "LITLAB_SWEEP_JOB"
 
 
@@ -69,34 +67,25 @@ class Summary:
     wall_time_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    # A multirun job's place: dir, job_num (what the pool adds is in the sweep's record, .jobs/).
-    sweep: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None  # a multirun job's place: dir, job_num
     world: dict[str, Any] | None = None  # the process group and steps per rank, checked after fit
     torch_flags: dict[str, Any] | None = None  # process-wide torch settings while training
     nonfinite: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
-    # One entry per training epoch: epoch, step, wall_s, samples, train_loss, loss_spikes, metrics.
-    history: list[dict[str, Any]] | None = None
+    history: list[dict[str, Any]] | None = None  # one entry per training epoch
     input_wait: dict[str, Any] | None = None  # time between training steps waiting for the next batch
     device_memory_mib: float | None = None  # memory of one CUDA device, for the doctor's batch check
     diagnosis: list[dict[str, Any]] | None = None  # what litlab.run.doctor found in the run's numbers
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
     code_fingerprint: str | None = None  # the user's code and configs (litlab.config.identity.CodeVersion)
-    # What the run trains (litlab.config.identity.run_settings): reports group runs by it.
-    settings: dict[str, Any] | None = None
-    # A run resumed across a change, e.g. ["code 8373778d→c6928336"]: it trained partly under each.
-    resumed_across: list[str] = field(default_factory=list)
+    settings: dict[str, Any] | None = None  # what the run trains (run_settings): reports group runs by it
+    resumed_across: list[str] = field(default_factory=list)  # e.g. ["code 8373778d→c6928336"]
 
     @property
     def completed(self) -> bool:
         return self.status == COMPLETED
-
-    @property
-    def metric(self) -> float | None:
-        """The value of the run's optimized_metric."""
-        return self.metrics.get(self.optimized_metric) if self.optimized_metric else None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,8 +96,7 @@ class Summary:
         return json.dumps(redact_summary(self.to_dict()), indent=2, default=str) + "\n"
 
     def write(self, path: Path) -> None:
-        """The one way a summary reaches a file: redacted, and atomic (a full disk or a kill never
-        leaves half a summary)."""
+        """The one way a summary reaches a file: redacted, and atomic (never half a summary)."""
         from litlab.storage.roots import write_text_atomic
 
         write_text_atomic(path, self.to_json())
@@ -124,7 +112,7 @@ class Summary:
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def failed(
+    def of(
         cls,
         cfg: DictConfig,
         error: str | None,
@@ -133,10 +121,9 @@ class Summary:
         hydra: DictConfig | None,
         status: str = FAILED,
         sweep: dict[str, Any] | None = None,
+        **known: Any,
     ) -> Summary:
-        """What a run's config says about it, for a run that has no Trainer to ask (it failed before
-        one existed, or its process died before writing a summary); ``hydra`` is the run's Hydra
-        node (its choices and overrides as typed), None where there is none."""
+        """What the config and Hydra node (``hydra``, or None) say of a run, under what its Trainer knows."""
         from litlab.config.identity import run_identity, run_settings
         from litlab.config.redact import typed_overrides
         from litlab.config.rules import ConfigError, batch_sizes, device_count
@@ -153,14 +140,15 @@ class Summary:
             sizes = None
         devices = device_count(select("trainer.devices"))
         nodes = select("trainer.num_nodes")
-        settings = run_settings(cfg) or None  # and the run's identity: its attempts are one run
-        return cls(
-            status=status,
-            error=error,
+        # The run's identity from its settings: its attempts are one run (a run knows both already).
+        settings = known["settings"] if "settings" in known else run_settings(cfg) or None
+        identity = settings and "run_name" in cfg and "run_name" not in known
+        choices = OmegaConf.select(hydra, "runtime.choices", default=None) or {}
+        from_config = dict(
             experiment_name=select("experiment_name"),
-            run_name=run_identity(cfg, settings) if settings and "run_name" in cfg else select("run_name"),
+            run_name=run_identity(cfg, settings) if identity else select("run_name"),
             run_dir=str(run_dir) if run_dir is not None else None,
-            groups=run_groups(dict(OmegaConf.select(hydra, "runtime.choices", default=None) or {})),
+            groups={k: v for k, v in choices.items() if not str(k).startswith(_NOT_RUN_GROUPS)},
             overrides=typed_overrides(OmegaConf.select(hydra, "overrides.task", default=None) or []),
             optimized_metric=select("optimized_metric"),
             optimized_metric_mode=select("optimized_metric_mode"),
@@ -178,11 +166,7 @@ class Summary:
             sweep=sweep,
             settings=settings,
         )
-
-
-def run_groups(choices: dict[str, Any]) -> dict[str, Any]:
-    """The options a run chose in its config groups (Hydra's and the schemas' left out)."""
-    return {k: v for k, v in choices.items() if not str(k).startswith(_NOT_RUN_GROUPS)}
+        return cls(status=status, error=error, **{**from_config, **known})
 
 
 def finite(value: Any) -> bool:

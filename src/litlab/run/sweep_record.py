@@ -1,7 +1,6 @@
 """A sweep's own record of its jobs, ``<sweep dir>/.jobs/<job num>.json``, the only thing its report
-reads: the plan is the record (a job is planned, running, then how it ended, with its run's summary
-as it was then and the device pool's record of the attempt); ``sweep.json`` says which sweep the folder
-holds. What each state means: docs/sweeps.md.
+reads: each job planned, running, then how it ended, with its run's summary as it was then and the
+pool's record of the attempt; ``sweep.json`` says which sweep the folder holds (docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ _STARTED: set[str] = set()  # the sweep folders whose record this process starte
 
 
 def start(sweep_dir: Path, arguments: list[str], same_runs: list[dict[str, Any]] | None = None) -> None:
-    """A sweep of ``arguments`` starts in ``sweep_dir``, or goes on with its record there (nothing is
-    deleted); a folder that holds another sweep is refused (ConfigError): two sweeps' jobs would mix."""
+    """A sweep of ``arguments`` starts in ``sweep_dir``, or goes on with its record there; a folder that
+    holds another sweep is refused (ConfigError): two sweeps' jobs would mix."""
     previous = read_json(sweep_dir / RECORD_DIR / SWEEP_FILE)
     if previous is not None and previous.get("arguments") != redact_overrides(arguments):
         shown = " ".join(previous.get("arguments") or []) or "no overrides"
@@ -50,8 +49,7 @@ def started(sweep_dir: Path) -> bool:
 def plan(
     sweep_dir: Path, job_num: int, summary: dict[str, Any], *, run_dir: Path, overrides: list[str]
 ) -> None:
-    """Job ``job_num`` planned (``summary``: status not started), unless an earlier attempt's entry is
-    there: it stays until this attempt starts the job."""
+    """Job ``job_num`` planned, unless an earlier attempt's entry is there (it stays until the job starts)."""
     if not (sweep_dir / RECORD_DIR / f"{job_num}.json").is_file():
         write_job(sweep_dir, job_num, PLANNED, summary, run_dir=run_dir, overrides=overrides)
 
@@ -67,9 +65,9 @@ def write_job(
     note: str | None = None,
     pool: dict[str, Any] | None = None,
 ) -> None:
-    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (the
-    pool's record of the attempt); a skipped job's keeps that of the attempt that trained it, a
-    running job's entry names this process, which watches it; the entry replaced goes under ``earlier``."""
+    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (a
+    skipped job's: that of the attempt that trained it); a running job's entry names this process,
+    which watches it; the entry replaced goes under ``earlier``."""
     if outcome == SKIPPED:
         pool = {**_trained_attempt(summary), "skipped": True}
     if pool:
@@ -93,8 +91,7 @@ def write_job(
 
 
 def _trained_attempt(summary: dict[str, Any]) -> dict[str, Any]:
-    """The pool's record of the attempt that trained a completed run, from that sweep's record; {}
-    where that record is gone or holds another attempt."""
+    """The pool's record of the attempt that trained a completed run; {} where that record is gone."""
     sweep = summary.get("sweep") or {}
     entry = read_json(Path(str(sweep.get("dir"))) / RECORD_DIR / f"{sweep.get('job_num')}.json") or {}
     trained = entry.get("summary") or {}
@@ -103,8 +100,7 @@ def _trained_attempt(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome_of(summary: dict[str, Any], job_started_at: str) -> tuple[str, str | None]:
-    """Whether the job's process trained the run whose summary it left, or found it completed
-    before it started (``started_at`` is local ISO time to the second, as summary.json writes it)."""
+    """Whether the job trained its run or found it completed before it started (local ISO times)."""
     started_at = str(summary.get("started_at") or "")
     if summary.get("status") == COMPLETED and started_at and started_at < job_started_at:
         return SKIPPED, skipped_note(summary)
@@ -119,8 +115,8 @@ def skipped_note(summary: dict[str, Any]) -> str:
 
 
 def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """The job entries of the sweep in ``sweep_dir`` (by number; a running job whose watching process
-    is gone from this machine is interrupted) and its ``sweep.json``; None for a folder without one."""
+    """The sweep's job entries, by number (a running job whose watching process is gone from this
+    machine: interrupted), and its ``sweep.json``; None for a folder without a record."""
     record = sweep_dir / RECORD_DIR
     if not record.is_dir():
         return None
@@ -138,8 +134,7 @@ def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
 
 
 def list_job(sweep_dir: Path, job_num: int, job_dir: Path) -> None:
-    """The link ``<sweep dir>/<job num>`` to a job's run folder (relative: the logs folder can be
-    moved or copied whole), for ``ls`` and people; the report reads the record, not the links."""
+    """The relative link ``<sweep dir>/<job num>`` to a job's run folder, for people (not the report)."""
     link = sweep_dir / str(job_num)
     if job_dir.absolute().parent == sweep_dir.absolute():
         return  # the job's folder is in the sweep's folder already
@@ -150,7 +145,7 @@ def list_job(sweep_dir: Path, job_num: int, job_dir: Path) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (a record's file, a job's summary.json); None when it has none."""
+    """The JSON object in ``path``; None when it has none."""
     try:
         value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

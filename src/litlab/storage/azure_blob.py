@@ -15,21 +15,17 @@ from azure.core.pipeline.transport import AioHttpTransport
 
 from litlab.storage.roots import socket_timing_out_stalled_sends
 
-# The SDK logs every request and answer, headers and all, at INFO: the run's console and train.log
-# would hold a dozen lines per checkpoint. Its warnings and errors still show. The credential chain
-# warns in 15 lines when it finds no credential: litlab's one line says so (roots._cause).
+# The SDK logs every request and answer at INFO, a dozen lines per checkpoint; the credential chain
+# warns in 15 lines when it finds no credential, which litlab's one line says (roots._cause).
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 logging.getLogger("azure.identity").setLevel(logging.ERROR)
 
 
 class AzureBlobFileSystemBounded(AzureBlobFileSystem):
-    """adlfs builds its blob client with the SDK's defaults, whatever it is given: 4 tries of a request
-    that times out (60 s without an answer each), 15 s + 3**n s apart, and a body sent to a server
-    that stopped reading waits forever. This client tries each request ``max_attempts`` times (the
-    SDK's ExponentialRetry: refused connections, timeouts, 408 and 5xx answers; 1 + 2**n s before
-    retry n, n = 1..4, +-1 s of jitter), each try failing after ``timeout_s`` without progress
-    (``azure_client_config``). ``endpoint_url``: the blob service URL the credentials are used on
-    (null: the connection string's, else the account's)."""
+    """adlfs's blob client has the SDK's defaults whatever it is given (4 tries of 60 s, 15 s + 3**n s
+    apart; an upload to a server that stopped reading waits forever). This one tries each request
+    ``max_attempts`` times (the SDK's ExponentialRetry, 1 + 2**n s apart, +-1 s), each failing after
+    ``timeout_s`` without progress. ``endpoint_url``: the blob service URL (null: the credentials')."""
 
     def __init__(
         self,
@@ -39,7 +35,7 @@ class AzureBlobFileSystemBounded(AzureBlobFileSystem):
         endpoint_url: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self._client_config = azure_client_config(timeout_s, max_attempts)
+        self._client_config = _azure_client_config(timeout_s, max_attempts)
         self._endpoint_url = endpoint_url
         super().__init__(*args, **kwargs)
 
@@ -57,10 +53,9 @@ class AzureBlobFileSystemBounded(AzureBlobFileSystem):
         return await super()._ls(path, detail=detail, **kwargs)
 
 
-def azure_client_config(timeout: float, attempts: int) -> dict[str, Any]:
-    """azure-storage-blob client settings: ``attempts`` tries of every request (each of the SDK's
-    counters, connect, read and status, allows them all), each failing after ``timeout`` s to connect,
-    between bytes received, or while sent bytes stay unacknowledged (the transport's sockets)."""
+def _azure_client_config(timeout: float, attempts: int) -> dict[str, Any]:
+    """``attempts`` tries of every request (each of the SDK's counters allows them all), each failing
+    after ``timeout`` s to connect, between bytes received, or with sent bytes unacknowledged."""
     retries = attempts - 1
     return {
         "retry_total": retries,
@@ -77,17 +72,15 @@ def azure_client_config(timeout: float, attempts: int) -> dict[str, Any]:
 
 
 class _TransportTimingOutStalledSends(AioHttpTransport):
-    """azure-core's aiohttp transport, its connections made with sockets that time out unacknowledged
-    sends: its read timeout does not cover an upload to a server that stopped reading (measured: a
-    30 MB upload to a SIGSTOPped Azurite waited for minutes)."""
+    """azure-core's aiohttp transport with sockets that time out unacknowledged sends, which its read
+    timeout does not cover (an upload to a server that stopped reading)."""
 
     def __init__(self, timeout: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._timeout = timeout
 
     async def open(self) -> None:
-        # Made here (aiohttp needs the running loop), on the first open only: a closed transport stays
-        # closed, as azure-core's own open() says.
+        # Here (aiohttp needs the running loop), on the first open only: a closed transport stays closed.
         if self.session is None and self._session_owner and not self._has_been_opened:
             factory = functools.partial(socket_timing_out_stalled_sends, self._timeout)
             self.session = aiohttp.ClientSession(

@@ -1,13 +1,6 @@
-"""Checkpoints: what a run writes, how, what it carries, and which one the same command resumes from.
-
-- ``run_checkpoints``: src/litlab/conf/callbacks/checkpoint.yaml as callbacks: the best ``save_top_k``,
-  ``last.ckpt`` (a ModelCheckpoint of its own: Lightning's ``save_last`` goes stale once the metric
-  stops improving), and preempted.ckpt on SIGTERM (``PreemptionCheckpoint``); ``TensorBoardSync``
-  keeps TensorBoard's curves with them.
-- ``AtomicCheckpointIO``: every write all-or-nothing; a failed one is ``StorageFailed``, one line.
-- ``newest_checkpoint``: the one place that says which checkpoint a stopped run resumes from.
-- ``RunConfigInCheckpoint`` / ``read_run_checkpoint``: the run's config inside each checkpoint, for
-  ``litlab-eval``. docs/storage.md.
+"""Checkpoints: what a run writes (``run_checkpoints``: the best ``save_top_k``, ``last.ckpt``, and
+preempted.ckpt on SIGTERM), how (``AtomicCheckpointIO``: whole or not at all), what each carries (the
+run's config, for ``litlab-eval``), and what a stopped run leaves to resume from. docs/storage.md.
 """
 
 from __future__ import annotations
@@ -28,21 +21,15 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litlab.errors import LitlabError
+from litlab.errors import EXIT_FAILED, LitlabError, first_line
 from litlab.heartbeat import HEARTBEAT, CountingWriter
 from litlab.library_internals import last_global_step_saved
-from litlab.storage.roots import (
-    copy_changed_files,
-    failed_storage,
-    read_checkpoint,
-    write_atomic,
-    writing,
-)
+from litlab.storage.resume import read_checkpoint
+from litlab.storage.roots import copy_changed_files, failed_storage, write_atomic, writing
 
 log = logging.getLogger(__name__)
 
-LAST = "last"
-PREEMPTED = "preempted"
+_LAST = "last"
 
 
 def run_checkpoints(
@@ -74,29 +61,27 @@ def run_checkpoints(
     if save_last:
         # Lightning allows one trigger per ModelCheckpoint; both write the same last.ckpt.
         callbacks.append(
-            LastCheckpoint(**common, filename=LAST, every_n_epochs=every_n_epochs or 1, final=True)
+            LastCheckpoint(**common, filename=_LAST, every_n_epochs=every_n_epochs or 1, final=True)
         )
         if every_n_train_steps:
             callbacks.append(
-                StepCheckpoint(
+                _StepCheckpoint(
                     **common,
-                    filename=LAST,
+                    filename=_LAST,
                     every_n_train_steps=every_n_train_steps,
                     epoch_end_every=every_n_epochs or 1,
                 )
             )
     if not callbacks:
         return []  # save_top_k=0 and save_last=false: the run asked for no checkpoints at all
-    callbacks.append(PreemptionCheckpoint(dirpath, filename=PREEMPTED))
+    callbacks.append(PreemptionCheckpoint(dirpath))
     storage_folder = dirpath.rstrip("/").rsplit("/", 1)[0]
     callbacks.append(TensorBoardSync(f"{storage_folder}/tensorboard" if copy_logs else None))
     return callbacks
 
 
 class EpochCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, which looks at its step and time triggers after every training
-    batch; with neither (``every_n_train_steps``, ``train_time_interval``) it has nothing to look at
-    there, and skips the calls that look (Lightning returns after them too; docs/performance.md)."""
+    """Lightning's ModelCheckpoint without its per-batch look at step and time triggers it does not have."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
@@ -115,9 +100,8 @@ class EpochCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(EpochCheckpoint):
-    """Keeps ``last.ckpt`` (no monitor, one file). With ``final``, it also writes the final state when
-    training ends between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``), so last.ckpt is
-    always the state training ended in."""
+    """Keeps ``last.ckpt`` (no monitor, one file); with ``final``, also the state training ended in
+    between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``)."""
 
     def __init__(self, *args: Any, final: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -129,7 +113,7 @@ class LastCheckpoint(EpochCheckpoint):
             last_global_step_saved(c) for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
         ]
         if self.final and trainer.global_step not in saved:
-            path = f"{str(self.dirpath).rstrip('/')}/{LAST}{self.FILE_EXTENSION}"
+            path = f"{str(self.dirpath).rstrip('/')}/{_LAST}{self.FILE_EXTENSION}"
             trainer.save_checkpoint(path, weights_only=False)
             self.best_model_path = path
 
@@ -137,27 +121,21 @@ class LastCheckpoint(EpochCheckpoint):
 def last_checkpoint(trainer: L.Trainer) -> str | None:
     """Path of the run's last.ckpt, if one was written."""
     for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.filename == LAST and callback.best_model_path:
+        if isinstance(callback, ModelCheckpoint) and callback.filename == _LAST and callback.best_model_path:
             return callback.best_model_path
     return None
 
 
 def in_an_epochs_last_batch(trainer: L.Trainer) -> bool:
-    """Whether fitting is in (or just after) the last training batch of an epoch. A checkpoint of
-    this point is resumed by Lightning straight into the next epoch, without this epoch's validation."""
+    """Whether fitting is in (or just after) an epoch's last training batch: Lightning resumes a
+    checkpoint of this point straight into the next epoch, without this epoch's validation."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 
 
-class StepCheckpoint(LastCheckpoint):
-    """``last.ckpt`` every N optimizer steps, except on an epoch's last batch when the epoch-end
-    ``last.ckpt`` follows (every ``epoch_end_every`` epochs).
-
-    Why: Lightning resumes a checkpoint written on an epoch's last batch straight into the next epoch
-    (loops/training_epoch_loop.py, ``reset``), so a run killed during that epoch's validation would
-    never run it: its val metrics and its epoch-end checkpoint would be missing from a run reported
-    as completed. Without that checkpoint, the kill resumes from the one before, replays the last
-    batches (exactly: the loaders resume) and validates."""
+class _StepCheckpoint(LastCheckpoint):
+    """``last.ckpt`` every N optimizer steps, except on an epoch's last batch when the epoch-end one
+    follows: resumed from there, a run killed in that epoch's validation would never run it."""
 
     def __init__(self, *args: Any, epoch_end_every: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -170,19 +148,12 @@ class StepCheckpoint(LastCheckpoint):
 
 
 class PreemptionCheckpoint(Callback):
-    """Saves ``<dirpath>/<filename>.ckpt`` when the process receives SIGTERM, then lets it exit.
+    """Saves ``<dirpath>/<filename>.ckpt`` on SIGTERM, which Lightning raises between two batches (other
+    errors can strike mid-step: a crash resumes from the last regular checkpoint). Not Lightning's
+    OnExceptionCheckpoint: its mere presence makes ``fit(ckpt_path=None)`` resume the newest
+    ``last*.ckpt``, overriding litlab's decision. A plain Callback: Lightning finds Checkpoints by type."""
 
-    Lightning raises SIGTERMException between two batches, so the state saved here is consistent.
-    Other exceptions are left alone: they can strike in the middle of a step, and a run that crashed
-    should resume from its last regular checkpoint, not from a half-updated state. Written instead of
-    using Lightning's OnExceptionCheckpoint because that one saves on every exception and, merely by
-    being present, turns ``fit(ckpt_path=None)`` into a silent resume from the newest ``last*.ckpt``,
-    which would override litlab's resume decision (``resume=never``, a corrupt file skipped). A plain
-    Callback, not a Checkpoint: Lightning looks for those by type (``trainer.checkpoint_callback``,
-    "best"), and litlab runs plain ones combined (``litlab.callbacks.combined``).
-    """
-
-    def __init__(self, dirpath: str, filename: str = PREEMPTED) -> None:
+    def __init__(self, dirpath: str, filename: str = "preempted") -> None:
         self.dirpath, self.filename = dirpath, filename
 
     @property
@@ -210,15 +181,9 @@ class PreemptionCheckpoint(Callback):
 
 
 class TensorBoardSync(Callback):
-    """Flushes TensorBoard with every checkpoint, and optionally copies its event files to storage.
-
-    The flush makes the curves on disk reach the checkpoint a resumed run starts from (TensorBoard
-    buffers events in memory, and a killed process loses them). With ``destination`` (a storage root
-    that outlives the machine: mounted drive, S3, GCS), the event files are copied there, so a run
-    resumed on a new machine restores them and continues the same curves. Lightning logs a step's
-    metrics after that step's checkpoint, so the copy waits for the next batch (or epoch, exception,
-    end of fit): a kill in between leaves the restored curve without that one step.
-    """
+    """Flushes TensorBoard with every checkpoint (a killed process loses buffered events) and, with
+    ``destination``, copies its event files there, for a run resumed on a new machine. Lightning logs a
+    step's metrics after its checkpoint, so the copy waits for the next batch, epoch or the end."""
 
     def __init__(self, destination: str | None = None) -> None:
         self.destination = destination
@@ -228,15 +193,6 @@ class TensorBoardSync(Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
         self._pending = True
         self._flush(trainer)
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._copy_if_pending(trainer)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._copy_if_pending(trainer)
-
-    def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
-        self._copy_if_pending(trainer)
 
     def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._pending = True
@@ -255,7 +211,7 @@ class TensorBoardSync(Callback):
         for logger, _ in self._tensorboard_dirs(trainer):
             logger.experiment.flush()
 
-    def _copy_if_pending(self, trainer: L.Trainer) -> None:
+    def _copy_if_pending(self, trainer: L.Trainer, *args: Any) -> None:
         if not self._pending or self.destination is None:
             return
         self._pending = False
@@ -264,18 +220,15 @@ class TensorBoardSync(Callback):
             events = sorted(log_dir.glob("events.out.tfevents.*"))
             copy_changed_files(events, self.destination, self.storage_folder)
 
+    on_train_batch_start = on_train_epoch_start = on_exception = _copy_if_pending
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Every checkpoint written whole or not at all, and a failed write named in one line.
-
-    Locally: torch.save into a temporary file next to the target, fsync, then rename over it.
-    Lightning's own local save goes through a temporary file in the system temp folder and
-    ``shutil.move``: on a mounted drive (another device) that is a copy into the final name, which a
-    kill or a full disk can truncate. On object stores: one ``pipe_file`` (a single PUT, or a multipart
-    upload that s3fs aborts when a part fails), where Lightning's ``fs.open(...).write()`` would
-    complete a multipart upload with the parts that made it. ``last_saved`` is the newest checkpoint
-    this process wrote: what a run that fails afterwards resumes from.
-    """
+    """Every checkpoint written whole or not at all, a failed write named in one line, and a damaged
+    one named in one line when read. Locally: a temporary file beside the target, fsync, a rename
+    (Lightning's ``shutil.move`` from the temp folder copies into the name on a mounted drive). On
+    object stores: one ``pipe_file``, where Lightning's ``fs.open().write()`` completes a multipart
+    upload with the parts that made it. ``last_saved``: the newest checkpoint this process wrote."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -290,7 +243,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         step = int(checkpoint.get("global_step", 0))
         # The hang detector counts a write's bytes as progress: a large checkpoint is not a hang.
         with writing(folder, name, url), HEARTBEAT.writing_checkpoint(step):
-            if fsspec.utils.get_protocol(str(path)) == "file":
+            if fsspec.utils.get_protocol(url) == "file":
                 write_atomic(
                     Path(url.removeprefix("file://")),
                     lambda file: torch.save(checkpoint, CountingWriter(file)),
@@ -303,7 +256,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
                 HEARTBEAT.uploading(buffer.tell())  # one request, no progress of its own to count
                 fs.pipe_file(remote, buffer.getvalue())
-        self.last_saved = (url, int(checkpoint.get("global_step", 0)))
+        self.last_saved = (url, step)
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(path, *args, **kwargs)
+        except RuntimeError as error:  # a tensor record that the resume decision's read does not reach
+            if "PytorchStreamReader" not in str(error):
+                raise
+            raise DamagedCheckpoint(
+                f"checkpoint {path} is damaged ({first_line(error)}): move it aside, and the same command "
+                "resumes from the one before"
+            ) from error
+
+
+class DamagedCheckpoint(LitlabError):
+    """A checkpoint whose tensors cannot be read, found when Lightning loads it."""
+
+    exit_code = EXIT_FAILED
 
 
 def _storage_folder_and_name(url: str) -> tuple[str, str]:
@@ -316,9 +286,8 @@ def _storage_folder_and_name(url: str) -> tuple[str, str]:
 
 def newest_checkpoint(trainer: L.Trainer) -> tuple[str, int] | None:
     """``(url, global step)`` of the checkpoint the same command resumes from, as this process knows
-    it: the newest it wrote (global rank 0 writes them all, preempted.ckpt included), else the newest
-    file of a checkpoint callback without a monitor (every rank knows those; ``trainer.checkpoint_callback``
-    alone is the first callback, often a monitoring one). None before the first checkpoint."""
+    it: the newest it wrote (rank 0 writes them all), else the newest of a checkpoint callback without
+    a monitor (every rank knows those). None before the first checkpoint."""
     saved = getattr(getattr(trainer.strategy, "checkpoint_io", None), "last_saved", None)
     if saved is not None:
         return saved
@@ -339,21 +308,15 @@ def kept_checkpoint(trainer: L.Trainer) -> str:
     return f"the last checkpoint written, {newest[0]} (step {newest[1]}), is intact"
 
 
-# The key under which every checkpoint carries its run's config (read by litlab-eval).
-RUN_CONFIG_KEY = "litlab"
+RUN_CONFIG_KEY = "litlab"  # every checkpoint carries its run's config under it (read by litlab-eval)
 # What torch's weights_only loading accepts in hyper_parameters; anything else is stored as text.
 _PLAIN = (str, int, float, bool, type(None))
 
 
 class RunConfigInCheckpoint(Callback):
-    """Stores the run's resolved config and group choices in every checkpoint, so ``litlab-eval``
-    can rebuild the module and datamodule from a checkpoint alone, for any task.
-
-    It also keeps checkpoints loadable with torch's safe ``weights_only=True`` (resume and eval load
-    them that way) whatever a module passes to ``save_hyperparameters``: an optimizer partial, a
-    network or an omegaconf object there would make the file unloadable, so such values are stored
-    as their text (Lightning reads them back only in ``load_from_checkpoint``).
-    """
+    """Stores the run's resolved config and group choices in every checkpoint, so ``litlab-eval`` can
+    rebuild the module and datamodule from it alone. Hyperparameters that torch's ``weights_only``
+    loading refuses (an optimizer partial, a network) are stored as their text."""
 
     def __init__(
         self,
@@ -384,15 +347,15 @@ def _plain(value: Any) -> Any:
 
 
 def read_run_checkpoint(url: str) -> dict[str, Any]:
-    """A litlab checkpoint's contents; a LitlabError if the file is not one."""
+    """A litlab checkpoint's contents, its tensors unread (Lightning loads them); a LitlabError if the
+    file is not one."""
     try:
         checkpoint = read_checkpoint(url)
     except FileNotFoundError as error:
         raise LitlabError(f"ckpt_path={url} does not exist") from error
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise LitlabError(
-            f"ckpt_path={url} is not a readable checkpoint ({first}): pass a .ckpt file "
+            f"ckpt_path={url} is not a readable checkpoint ({first_line(error)}): pass a .ckpt file "
             "that litlab-train wrote, e.g. <run dir>/checkpoints/last.ckpt"
         ) from error
     stored = checkpoint.get(RUN_CONFIG_KEY) if isinstance(checkpoint, dict) else None

@@ -18,18 +18,10 @@ logging.getLogger("gcsfs").addFilter(lambda record: not record.exc_info)
 
 
 class GCSFileSystemBounded(GCSFileSystem):
-    """gcsfs's ``GCSFileSystem``, each request tried ``max_attempts`` times (gcsfs's retry of 5xx,
-    429, 408 and connection errors, with its exponential backoff: 1, 2, 4, 8 s plus up to 1 s of
-    jitter between tries), each try failing after ``timeout_s`` without progress (to connect,
-    between bytes received, sent bytes unacknowledged).
-
-    gcsfs fixes its 6 tries when its module loads and waits without any timeout by default (aiohttp's
-    ``timeout=None``): a storage that stops answering hung the run. And gcsfs's default class since
-    2026 (``ExtendedGcsFileSystem``) first asks a gRPC control plane for a bucket's layout, retried
-    for 60 s whatever the settings here say and not remembered when it fails: against an emulator,
-    which speaks only the JSON API, every operation with credentials (anonymous ones included)
-    waited that long. This class is the JSON API alone, which standard and hierarchical-namespace
-    buckets serve (zonal "Rapid" buckets need gRPC and are not supported)."""
+    """gcsfs's JSON-API ``GCSFileSystem``, each request tried ``max_attempts`` times (gcsfs's retry and
+    backoff), each try failing after ``timeout_s`` without progress. gcsfs fixes 6 tries at import and
+    waits without a timeout; its default class since 2026 first asks a gRPC control plane for 60 s,
+    which an emulator never answers. Zonal "Rapid" buckets need gRPC and are not supported."""
 
     def __init__(self, *args: Any, max_attempts: int = 5, timeout_s: float = 10.0, **kwargs: Any) -> None:
         kwargs["requests_timeout"] = aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s)
@@ -55,6 +47,5 @@ class GCSFileSystemBounded(GCSFileSystem):
         return await GCSFileSystem._get_file_concurrent.__wrapped__(self, *args, **kwargs)
 
     def _retried(self, method: Any) -> Any:
-        """gcsfs's request ``method`` undecorated (its decorator's 6 tries), retried by the same
-        decorator ``max_attempts`` times."""
+        """gcsfs's request ``method`` without its decorator's 6 tries, retried ``max_attempts`` times."""
         return retry_request(retries=self.max_attempts)(method.__wrapped__)

@@ -1,10 +1,7 @@
-"""One process at a time trains a run identity: a lock in the storage root, ``<root>/<identity>.lock``.
-
-``RunLock`` creates the lock exclusively (``O_EXCL``, a conditional PUT on S3) holding its holder's
-heartbeat record (``litlab.heartbeat.record``), which the watchdog thread rewrites every
-``HEARTBEAT_S`` seconds; a second start refuses in one line naming the holder. A lock left by a killed
-process is taken over when its process is gone, when an earlier start of the same Slurm job wrote it,
-or after ``STALE_AFTER_S``. Only global rank 0 takes it (docs/storage.md).
+"""One process at a time trains a run identity: ``<root>/<identity>.lock``, created exclusively and
+holding its holder's heartbeat record, rewritten every ``_HEARTBEAT_S`` s. A second start refuses in one
+line naming the holder; a lock whose process is gone, or older than ``STALE_AFTER_S``, is taken over.
+Only global rank 0 takes it (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import logging
 import os
 import secrets
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -24,11 +20,11 @@ from typing import Any
 
 from litlab import heartbeat
 from litlab.errors import LitlabError
-from litlab.storage.roots import RunStorage, StorageError, failed_storage, write_text_atomic
+from litlab.storage.roots import RunStorage, StorageError, failed_storage, write_atomic, write_text_atomic
 
 log = logging.getLogger("litlab")
 
-HEARTBEAT_S = 30
+_HEARTBEAT_S = 30
 STALE_AFTER_S = 120
 LOCK_SUFFIX = ".lock"
 # A sweep takes a run's lock before it starts the job that trains it; the job's process, given the
@@ -113,10 +109,9 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock, or raise RunLocked naming its holder."""
         self.holder = take(self.storage)
-        heartbeat.watch(lock_url(self.storage), HEARTBEAT_S, self._beat)
+        heartbeat.watch(lock_url(self.storage), _HEARTBEAT_S, self._beat)
 
-    def _beat(self) -> None:
-        """The holder's heartbeat record, new, into the lock (a job of the watchdog thread)."""
+    def _beat(self) -> None:  # a job of the watchdog thread
         if self.holder is None or failed_storage(self.storage.url) is not None:
             return heartbeat.unwatch(lock_url(self.storage))
         try:
@@ -138,8 +133,7 @@ class RunLock:
 
 
 def take(storage: RunStorage) -> Holder:
-    """Take the run's lock for this process (``RunLock``, or a sweep for the job it starts), or raise
-    RunLocked naming its live holder."""
+    """Take the run's lock for this process (or a sweep, for its job), or raise RunLocked naming it."""
     me = Holder.of_this_process()
     if not _create(storage, me):
         holder = _read(storage)
@@ -171,20 +165,11 @@ def _create(storage: RunStorage, holder: Holder) -> bool:
     """Write the lock if there is none; False if there is one."""
     data = json.dumps(asdict(holder)).encode()
     path = _lock_path(storage)
-    if storage.is_local:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=Path(path).parent, prefix=".lock.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.link(temporary, path)  # fails if the lock exists: created whole, and only once
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            Path(temporary).unlink(missing_ok=True)
     try:
-        storage.fs.pipe_file(path, data, mode="create")  # S3: a conditional PUT (If-None-Match)
+        if storage.is_local:
+            write_atomic(Path(path), lambda file: file.write(data), binary=True, exclusive=True)
+        else:
+            storage.fs.pipe_file(path, data, mode="create")  # S3: a conditional PUT (If-None-Match)
         return True
     except FileExistsError:
         return False

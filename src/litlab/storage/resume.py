@@ -1,14 +1,16 @@
-"""The resume decision: continue a run identity from its newest valid checkpoint, or start it fresh.
+"""The resume decision: continue a run identity from its newest checkpoint that loads, or start it fresh.
 
-``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``, reading storage
-once per start: a completed run is not trained again (one completed with other code or settings
-gets a folder of its own, ``<identity>-<version[:8]>``); an unfinished one continues from its newest
-checkpoint that loads, whatever changed, with a warning. ``find`` is its read-only first half (the folder and
-the completed summary), which names the run's folder and the pool's check before a job starts.
+``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
+not trained again (one completed with other code or settings gets a folder of its own,
+``<identity>-<version[:8]>``); an unfinished one continues whatever changed, with a warning. ``find``
+is its read-only first half, which names the run's folder. Every rank decides alone, from the same
+command and storage (the launchers share no channel before the process group exists): only global
+rank 0 changes storage, and nothing it changes alters another rank's answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -18,15 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 from omegaconf import DictConfig
 
 from litlab.errors import one_line
-from litlab.storage.roots import RunStorage, read_checkpoint
+from litlab.storage.roots import TEMPORARY_SUFFIX, RunStorage
 
 log = logging.getLogger("litlab")
 
 AUTO, NEVER = "auto", "never"
-RECORD = "run.json"
+_RECORD = "run.json"
+# The record of a start in the run's folder (the storage folder when storage is local): Hydra's, and a
+# sweep job's command and output; not what the run stored. Every start appends to the logs.
+_START_RECORD = (".hydra", "train.log", "command.sh", "output.log")
+_APPENDED_LOGS = ("train.log", "output.log")
 
 
 class InvalidCheckpoint(Exception):
@@ -54,12 +61,18 @@ class Decision:
     record: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # its run.json
 
 
-def load_point(url: str) -> ResumePoint:
-    """Load a checkpoint (safely, ``weights_only``) to prove it is usable; raises InvalidCheckpoint.
+def read_checkpoint(url: str) -> dict:
+    """A checkpoint's contents from any fsspec URL, loaded safely (``weights_only``) without its tensors'
+    bytes (on the meta device): its zip directory, at the end, and its pickle are what is read."""
+    import torch
 
-    The whole file is read: truncation shows at its end, and a partial read could pass a file whose
-    middle is damaged. Lightning loads it again in ``fit``; the cost is one extra read per resume.
-    """
+    with fsspec.open(url, "rb", block_size=2**20) as f:  # small parts: not S3's 50 MiB blocks
+        return torch.load(f, map_location="meta", weights_only=True)
+
+
+def load_point(url: str) -> ResumePoint:
+    """Where a checkpoint resumes; InvalidCheckpoint for one truncated, or whose directory or pickle is
+    damaged. Its tensors are read once, by Lightning (``AtomicCheckpointIO`` names a damaged one)."""
     try:
         checkpoint = read_checkpoint(url)
     except Exception as error:  # torch, zipfile, pickle and fsspec each raise their own
@@ -74,18 +87,16 @@ _KEPT: dict[tuple[str, str, str | None], Decision] = {}
 
 
 def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, keep: bool = False) -> Decision:
-    """The decision as the stored records make it, read-only, before any checkpoint is loaded: the
-    folder for this code and settings (``Decision.folder``, ``.identity``) and, for ``resume=auto``,
-    the summary of a run that completed there. ``keep``: kept (or the kept one reused) for this
-    start's ``decide``, which takes it: a start reads the records once.
+    """The decision as the stored records make it, read-only: the folder for this code and settings
+    (``Decision.folder``, ``.identity``) and, for ``resume=auto``, the summary of a run completed there.
+    ``keep``: kept for this start's ``decide``, which takes it: a start reads the records once.
 
     The folder is the identity's own (while empty, the ``earlier`` one of ``code`` where that holds
-    the run, but with ``resume=never``) while it is empty, unfinished (a preempted or crashed run
-    continues whatever changed: a Slurm requeue never starts over), or completed with this code and
-    settings (or before litlab recorded them). Once it completed otherwise, a folder of a later
-    version: the one named for these (always with ``resume=never``: what it sets aside never changes
-    which folder another rank finds) or else one that completed with them, or else the newest
-    unfinished one, as the identity's own would be.
+    the run, but with ``resume=never``) while it is empty, unfinished (a Slurm requeue never starts
+    over), or completed with this code and settings (or before litlab recorded them). Once it
+    completed otherwise, a later version's: the one named for these (always with ``resume=never``:
+    what it sets aside never changes which folder another rank finds), else one that completed with
+    them, else the newest unfinished one.
     """
     key = (storage.url, mode, code and code["fingerprint"], code and code.get("settings"))
     found = _KEPT.get(key) if keep else _KEPT.pop(key, None)
@@ -99,22 +110,22 @@ def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, kee
 
 def _find(mode: str, storage: RunStorage, code: dict[str, Any] | None) -> Decision:
     own, why, earlier = storage, None, (code or {}).get("earlier")
-    if earlier not in (None, storage.identity) and mode != NEVER and not storage.has_files():
+    if earlier not in (None, storage.identity) and mode != NEVER and not has_files(storage):
         stored = RunStorage(storage.root, earlier, storage.options)
-        storage, why = (stored, "is stored under its earlier name") if stored.has_files() else (storage, None)
-    folder, summary, record = storage, _read_json(storage, "summary.json"), _read_json(storage, RECORD)
+        storage, why = (stored, "is stored under its earlier name") if has_files(stored) else (storage, None)
+    folder, summary, record = storage, _read_json(storage, "summary.json"), _read_json(storage, _RECORD)
     if code is not None and _completed(summary) and not _trained_the_same(record, code):
         version = hashlib.sha1(f"{code['fingerprint']} {code.get('settings')}".encode()).hexdigest()
         folder = RunStorage(storage.root, f"{storage.identity}-{version[:8]}", storage.options)
         why = "completed with other code or settings"
-        if mode != NEVER and not folder.has_files():
+        if mode != NEVER and not has_files(folder):
             completed, unfinished = _later_versions(storage)
             with_these = [f for f, _, r in completed if _trained_the_same(r, code)]
             if with_these:  # an unfinished version that continued with this code and settings, and finished
                 folder = with_these[0]
             elif unfinished:
                 folder = unfinished[0][0]
-        summary, record = _read_json(folder, "summary.json"), _read_json(folder, RECORD)
+        summary, record = _read_json(folder, "summary.json"), _read_json(folder, _RECORD)
     return Decision(
         completed_summary=summary if mode == AUTO and _completed(summary) else None,
         identity=folder.identity if folder is not own else None,
@@ -134,26 +145,18 @@ def decide(
 ) -> Decision:
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
 
-    ``code`` is the user's code and settings as they are now (``litlab.config.identity.start_record``):
-    with it, the decision is made in the storage folder of that code and settings (``find``). A
-    ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never "completed": it
-    always starts fresh, so it can be repeated.
-
-    Every rank decides for itself, from the same config and storage, and reaches rank 0's decision
-    whoever launched it (Lightning, torchrun, Slurm): only global rank 0 changes storage here, and
-    nothing it changes (leftovers of interrupted writes, files that cannot be loaded or that
-    ``resume=never`` sets aside, run.json) changes another rank's answer. That is the one way ranks
-    agree: the three launchers share no channel before the process group exists, but every rank
-    has the command and the storage.
+    ``code``: the user's code and settings now (``litlab.config.identity.start_record``), whose folder
+    ``find`` picks. A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never
+    "completed": it always starts fresh. Only global rank 0 changes storage here (module docstring).
     """
     if debug_run:
         return Decision(code=code, folder=storage)
     decision = find(mode, storage, code)
-    folder, record = decision.folder, decision.record
+    folder = decision.folder
     assert folder is not None
     if mode == NEVER:
-        if is_global_zero and folder.has_files():
-            log.info("resume=never: moved the earlier files of %s to %s", folder.url, folder.set_aside())
+        if is_global_zero and has_files(folder):
+            log.info("resume=never: moved the earlier files of %s to %s", folder.url, _set_aside(folder))
         return decision
     if mode != AUTO:  # an explicit checkpoint
         try:
@@ -163,27 +166,10 @@ def decide(
         return _resuming(decision, point, is_global_zero)
     if decision.completed_summary is not None:
         return decision
-    if is_global_zero:
-        for leftover in folder.remove_temporaries():
-            log.info("resume: removed %s, left by a write that was interrupted", leftover)
-    point, skipped = None, []
-    for url, _ in folder.checkpoints():  # the newest that loads; each newer one skipped with a warning
-        try:
-            point = load_point(url)
-            break
-        except InvalidCheckpoint as error:
-            if is_global_zero:
-                log.warning("resume: skipping %s, it cannot be loaded (%s)", url, error)
-            skipped.append(url)
+    point = _newest_that_loads(folder, is_global_zero)
     if point is None:
-        if skipped and is_global_zero:
-            log.warning(
-                "resume: no checkpoint of %s can be loaded; starting fresh, the unusable files moved to %s",
-                folder.url,
-                folder.set_aside(),
-            )
         return decision
-    changed = _changed_since(record, code)
+    changed = _changed_since(decision.record, code)
     if changed and is_global_zero:
         log.warning(
             "resume: the code changed since run %s last started (%s); it continues from its checkpoint "
@@ -192,6 +178,29 @@ def decide(
             ", ".join(changed),
         )
     return _resuming(decision, point, is_global_zero)
+
+
+def _newest_that_loads(folder: RunStorage, is_global_zero: bool) -> ResumePoint | None:
+    """The folder's newest checkpoint that loads, each newer one skipped with a warning; with none,
+    rank 0 moves the unusable files aside. Rank 0 removes the leftovers of interrupted writes first."""
+    if is_global_zero:
+        for leftover in remove_temporaries(folder):
+            log.info("resume: removed %s, left by a write that was interrupted", leftover)
+    skipped = []
+    for url in checkpoints(folder):
+        try:
+            return load_point(url)
+        except InvalidCheckpoint as error:
+            if is_global_zero:
+                log.warning("resume: skipping %s, it cannot be loaded (%s)", url, error)
+            skipped.append(url)
+    if skipped and is_global_zero:
+        log.warning(
+            "resume: no checkpoint of %s can be loaded; starting fresh, the unusable files moved to %s",
+            folder.url,
+            _set_aside(folder),
+        )
+    return None
 
 
 def _resuming(decision: Decision, point: ResumePoint, is_global_zero: bool) -> Decision:
@@ -233,6 +242,76 @@ def _completed(summary: dict[str, Any]) -> bool:
     return summary.get("status") == "completed"
 
 
+# --- the run's storage folder, as the decision reads and changes it --------------------------------
+
+
+def checkpoints(folder: RunStorage) -> list[str]:
+    """URLs of the folder's checkpoint files, newest first."""
+    try:
+        entries = folder.fs.ls(f"{folder.path}/checkpoints", detail=True, refresh=True)
+    except FileNotFoundError:
+        return []
+    found = [
+        (folder.url_of_path(e["name"]), _modified(e))
+        for e in entries
+        if e["type"] == "file" and e["name"].endswith(".ckpt")
+    ]
+    # Ties (object stores keep whole seconds): a preemption checkpoint, then last.ckpt, come first.
+    rank = {"preempted.ckpt": 0, "last.ckpt": 1}
+    return [url for url, _ in sorted(found, key=lambda f: (-f[1], rank.get(f[0].rsplit("/", 1)[-1], 2)))]
+
+
+def _modified(entry: dict[str, Any]) -> float:
+    """An fsspec ``ls`` entry's modification time as a POSIX timestamp, whatever the backend."""
+    for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
+        value = entry.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, dt.datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def remove_temporaries(folder: RunStorage) -> list[str]:
+    """Delete what interrupted atomic writes left in the checkpoint folder (local roots only)."""
+    if not folder.is_local:
+        return []  # object stores publish an object only once its upload completed
+    leftovers = [p for p in (Path(folder.path) / "checkpoints").glob(f".*{TEMPORARY_SUFFIX}") if p.is_file()]
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return [str(p) for p in leftovers]
+
+
+def _entry_of(folder: RunStorage, path: str) -> str:
+    return path[len(folder.path) :].lstrip("/").split("/", 1)[0]
+
+
+def has_files(folder: RunStorage) -> bool:
+    """Whether the run stored anything in the folder (the record of a start does not count)."""
+    try:
+        found = folder.fs.find(folder.path)
+    except FileNotFoundError:
+        return False
+    return any(_entry_of(folder, f) not in _START_RECORD for f in found)
+
+
+def _set_aside(folder: RunStorage) -> str:
+    """Move what the run stored to ``<folder>.replaced-<time>`` (nothing is deleted); returns its URL.
+    The record of the start under way stays (its logs are copied: they are open)."""
+    target = f"{folder.path}.replaced-{dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    folder.fs.makedirs(target, exist_ok=True)
+    for entry in folder.fs.ls(folder.path, detail=False, refresh=True):
+        name = _entry_of(folder, str(entry))
+        if name in _APPENDED_LOGS:
+            folder.fs.cp_file(entry, f"{target}/{name}")
+        elif name not in _START_RECORD:
+            folder.fs.mv(entry, f"{target}/{name}", recursive=True)
+    return folder.url_of_path(target)
+
+
 def _later_versions(storage: RunStorage) -> tuple[list[tuple], list[tuple]]:
     """The identity's folders of later code versions, each with its summary and run.json: the
     completed ones, and the unfinished ones (newest start first)."""
@@ -247,10 +326,10 @@ def _later_versions(storage: RunStorage) -> tuple[list[tuple], list[tuple]]:
     completed, unfinished = [], []
     for name in sorted(n for n in names if pattern.fullmatch(n)):
         folder = RunStorage(storage.root, name, storage.options)
-        found = (folder, _read_json(folder, "summary.json"), _read_json(folder, RECORD))
+        found = (folder, _read_json(folder, "summary.json"), _read_json(folder, _RECORD))
         if _completed(found[1]):
             completed.append(found)
-        elif folder.has_files():
+        elif has_files(folder):
             unfinished.append(found)
     last_start = lambda found: str(((found[2].get("starts") or [{}])[-1]).get("at") or "")  # noqa: E731
     return completed, sorted(unfinished, key=last_start, reverse=True)
@@ -297,12 +376,9 @@ def tensorboard_dir(cfg: DictConfig) -> Path | None:
 
 
 def continue_tensorboard(decision: Decision, own_dir: Path | None, storage: RunStorage) -> None:
-    """Point a resumed run's TensorBoard at the run's log directory, so its curves continue.
-
-    On the machine that started the run, that is the directory recorded in run.json (summary.json's
-    ``tensorboard_dir`` names it). On a new machine, the event files copied into the storage folder
-    (``storage.copy_logs``) are restored into this run's own directory.
-    """
+    """Point a resumed run's TensorBoard at the run's log directory, so its curves continue: the one
+    run.json recorded, on the machine that started the run; elsewhere this run's own, where the event
+    files copied into the storage folder (``storage.copy_logs``) are restored."""
     if own_dir is None or decision.point is None:
         decision.tensorboard_dir = own_dir
         return
@@ -310,9 +386,19 @@ def continue_tensorboard(decision: Decision, own_dir: Path | None, storage: RunS
     if previous is not None and previous.is_dir():
         log.info("resume: TensorBoard continues in %s", previous)
         return
-    restored = storage.download("tensorboard", own_dir)
-    if restored:
-        log.info("resume: restored %d TensorBoard event file(s) from %s", restored, storage.url)
+    try:
+        events = [
+            e["name"]
+            for e in storage.fs.ls(f"{storage.path}/tensorboard", detail=True)
+            if e["type"] == "file"
+        ]
+    except FileNotFoundError:
+        events = []
+    own_dir.mkdir(parents=True, exist_ok=True)
+    for event in events:
+        storage.fs.get_file(event, str(own_dir / event.rsplit("/", 1)[-1]))
+    if events:
+        log.info("resume: restored %d TensorBoard event file(s) from %s", len(events), storage.url)
     decision.tensorboard_dir = own_dir
 
 
@@ -339,7 +425,7 @@ def logger_arguments(logger_cfg: DictConfig, run: Any) -> dict[str, Any]:
 
 def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None:
     """Append this start to ``<storage folder>/run.json`` (rank 0)."""
-    record = _read_json(storage, RECORD)
+    record = _read_json(storage, _RECORD)
     point = decision.point
     start = {
         "at": dt.datetime.now().isoformat(timespec="seconds"),
@@ -358,7 +444,7 @@ def record_start(storage: RunStorage, decision: Decision, run_dir: Path) -> None
     )
     if decision.code is not None:  # the code this start trains with: the next start compares with it
         record["code"] = decision.code
-    storage.write_text(RECORD, json.dumps(record, indent=2) + "\n")
+    storage.write_text(_RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def _read_json(storage: RunStorage, name: str) -> dict[str, Any]:

@@ -1,16 +1,13 @@
 """Where a run's checkpoints, config copy and summary persist: ``<storage.root>/<run identity>/``.
 
-Roots are fsspec URLs (a local path, ``s3://``, ``gs://``, ``az://``), one code path for every backend;
-credentials come from the environment, never the config. ``check_storage`` runs in the preflight,
-before torch loads. Storage that fails during a run raises ``StorageFailed``, one line naming the URL,
-what was written and the cause; S3, GCS and Azure requests are retried a bounded number of times
-(``s3_client_config``, ``litlab.storage.gcs_bounded``, ``litlab.storage.azure_blob``).
+Roots are fsspec URLs (a local path, ``s3://``, ``gs://``, ``az://``); credentials come from the
+environment, never the config. ``check_storage`` runs in the preflight, before torch loads; a write
+that fails during a run raises ``StorageFailed``, one line. Object-store requests are bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import errno
 import functools
 import importlib
@@ -31,16 +28,8 @@ from litlab.errors import EXIT_FAILED, LitlabError, error_chain, first_line, one
 
 log = logging.getLogger("litlab")
 
-CHECKPOINT_SUFFIX = ".ckpt"
 TEMPORARY_SUFFIX = ".tmp"  # an interrupted atomic write leaves ``.<name>.<random>.tmp`` behind
-OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs"), "azure": ("az", "abfs", "abfss")}
-# The record of a start in the run's folder, which is the storage folder when storage is local
-# (hydra.run.dir): Hydra's, and a sweep job's command and output. It belongs to the start under way,
-# not to what the run stored. The logs are appended to by every start (and open now).
-START_RECORD = (".hydra", "train.log", "command.sh", "output.log")
-_APPENDED_LOGS = ("train.log", "output.log")
-# Backoff of botocore's standard retry mode: a random wait below min(2 ** (attempt - 1), 20) s.
-_BACKOFF_CAP_S = 20
+_OBJECT_STORES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs"), "azure": ("az", "abfs", "abfss")}
 EXAMPLE_ROOTS = {"s3": "s3://bucket/prefix", "gcs": "gs://bucket/prefix", "azure": "az://container/prefix"}
 
 
@@ -72,8 +61,7 @@ def failed_storage(url: str) -> StorageFailed | None:
 
 @contextlib.contextmanager
 def writing(root: str, what: str, url: str | None = None) -> Iterator[None]:
-    """Turns an error of a storage write into ``StorageFailed`` naming the root, ``what`` was being
-    written and the cause, and remembers that the root failed. Other errors pass through."""
+    """A storage error of the block as ``StorageFailed`` (the root is remembered as failed); others pass."""
     try:
         yield
     except StorageFailed:
@@ -90,8 +78,9 @@ def writing(root: str, what: str, url: str | None = None) -> Iterator[None]:
 def storage_cause(error: BaseException, url: str) -> str | None:
     """Why a storage operation failed, in words; None for errors that are not the storage's (a
     checkpoint that cannot be pickled, say)."""
-    os_error = _os_error_in(error)
-    protocol = protocol_of(url)
+    # torch.save reports a full disk as a RuntimeError raised while handling the file's OSError.
+    os_error = next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
+    protocol = _protocol_of(url)
     if protocol == "file":
         if os_error is None or os_error.errno is None:
             return None
@@ -99,68 +88,43 @@ def storage_cause(error: BaseException, url: str) -> str | None:
         if os_error.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"{reason} (errno {errno.errorcode[os_error.errno]})"
         return f"{reason} ({os_error.filename or url})"
-    names = {cls.__name__ for chained in error_chain(error) for cls in type(chained).__mro__}
-    remote_errors = _UNREACHABLE | {"ClientError", "HTTPClientError", "BotoCoreError", "NoCredentialsError"}
-    remote_errors |= {"AzureError", "HttpError"}  # azure-core's; gcsfs's for an HTTP status (5xx, 429)
-    if not names & remote_errors and os_error is None:
+    if not _names(*error_chain(error)) & _REMOTE_ERRORS and os_error is None:
         return None
     options = fsspec.config.conf.get(protocol, {})
-    endpoint = _endpoint(protocol, options)
-    unreachable = [e for e in error_chain(error) if {c.__name__ for c in type(e).__mro__} & _UNREACHABLE]
-    if unreachable:
-        attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
-        attempts = attempts or options.get("max_attempts")  # GCS and Azure classes take it as it is
-        tries = f" after {attempts} attempts" if attempts else ""
-        first = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
-        return f"{endpoint} did not answer{tries} ({type(first).__name__}: {one_line(first)})"
-    return _cause(error, url, endpoint)
+    attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
+    attempts = attempts or options.get("max_attempts")  # GCS and Azure classes take it as it is
+    return _cause(error, url, _endpoint(protocol, options), attempts)
 
 
-def _os_error_in(error: BaseException) -> OSError | None:
-    # torch.save reports a full disk as RuntimeError("... unexpected pos ..."), raised while handling
-    # the OSError that the file's write() raised: the errno is in the chain.
-    return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
-
-
-def protocol_of(url: str) -> str:
+def _protocol_of(url: str) -> str:
     """``s3``, ``gs``, ... for a URL; ``file`` for a plain path."""
     return url.split("://", 1)[0] if "://" in url else "file"
 
 
 def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
-    """fsspec keyword arguments for the storage config's filesystem: endpoint and region (never keys),
-    and for S3 the bounded retries and timeouts of every request (``s3_client_config``)."""
-    protocol = protocol_of(str(storage["root"]))
+    """fsspec keyword arguments for the storage config's filesystem: endpoint and region (never keys)
+    and the bounds of every request."""
+    protocol = _protocol_of(str(storage["root"]))
     attempts, timeout = int(storage.get("max_attempts", 5)), float(storage.get("timeout_s", 10.0))
-    if protocol in OBJECT_STORES["s3"]:
+    if protocol in _OBJECT_STORES["s3"]:
         client = {"endpoint_url": storage.get("endpoint_url"), "region_name": storage.get("region")}
         client = {k: v for k, v in client.items() if v}
         options: dict[str, Any] = {"client_kwargs": client} if client else {}
-        options["config_kwargs"] = s3_client_config(timeout, attempts)
-        options["session"] = _session_without_expect_continue()
-        return options
-    if protocol in OBJECT_STORES["gcs"]:
-        options = {"endpoint_url": storage.get("endpoint_url"), "project": storage.get("project")}
-        options = {k: v for k, v in options.items() if v}
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            # An emulator, as Google's clients find it, and as they do, no credentials: gcsfs would
-            # otherwise look for this machine's own (and a metadata server) and send them to it.
-            options["token"] = "anon"
-        return {**options, "max_attempts": attempts, "timeout_s": timeout}
-    if protocol in OBJECT_STORES["azure"]:
-        options = {"account_name": storage.get("account_name"), "endpoint_url": storage.get("endpoint_url")}
-        options = {k: v for k, v in options.items() if v}
-        return {**options, "max_attempts": attempts, "timeout_s": timeout}
-    return {}
+        session = _session_without_expect_continue()
+        return {**options, "config_kwargs": s3_client_config(timeout, attempts), "session": session}
+    store = next((store for store, names in _OBJECT_STORES.items() if protocol in names), None)
+    keys = {"gcs": ("endpoint_url", "project"), "azure": ("account_name", "endpoint_url")}.get(store, ())
+    options = {key: storage[key] for key in keys if storage.get(key)}
+    if store == "gcs" and os.environ.get("STORAGE_EMULATOR_HOST"):
+        # An emulator, as Google's clients find it, and as they do, no credentials: gcsfs would
+        # otherwise look for this machine's own (and a metadata server) and send them to it.
+        options["token"] = "anon"
+    return {**options, "max_attempts": attempts, "timeout_s": timeout} if keys else {}
 
 
 # The classes that bound every request of their protocol, whatever URL it is for (the storage root, a
-# checkpoint litlab-eval or litlab-predict reads, resume=URL): s3fs retries 5 times on top of
-# botocore's attempts (25 tries of a dead endpoint); gcsfs's default class asks a gRPC control plane
-# about a bucket for up to 60 s that no setting bounds (an emulator, JSON API only, never answers) and
-# retries every request 6 times without a timeout; adlfs gives its blob client the SDK's 4 tries of
-# 60 s, 15 s + 3**n s apart, and no timeout on a stalled upload.
-BOUNDED_FILESYSTEMS = {
+# checkpoint litlab-eval reads, resume=URL); each says what its library would do instead.
+_BOUNDED_FILESYSTEMS = {
     "s3": "litlab.storage.s3_retrying_once.S3FileSystemRetryingOnce",
     "gcs": "litlab.storage.gcs_bounded.GCSFileSystemBounded",
     "azure": "litlab.storage.azure_blob.AzureBlobFileSystemBounded",
@@ -169,13 +133,11 @@ _EXTRAS = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}
 
 
 def open_through_bounded_filesystems() -> None:
-    """fsspec opens every object store's URLs with its class in ``BOUNDED_FILESYSTEMS``: registered by
-    name, so its library is imported only where a filesystem is made, or as a class where fsspec
-    already imported the library's own (a notebook that used it before), which a name would not
-    replace. The libraries' own classes are left as they are."""
-    for store, class_path in BOUNDED_FILESYSTEMS.items():
+    """fsspec opens every object store's URLs with its class in ``_BOUNDED_FILESYSTEMS``: by name, so its
+    library is imported only when used, or as a class where fsspec has the library's own already."""
+    for store, class_path in _BOUNDED_FILESYSTEMS.items():
         needs = f"{store} storage needs {_EXTRAS[store]}: pip install 'litlab[{store}]'"
-        for name in OBJECT_STORES[store]:
+        for name in _OBJECT_STORES[store]:
             if name in fsspec.registry:
                 module, _, cls = class_path.rpartition(".")
                 bounded = getattr(importlib.import_module(module), cls)
@@ -188,22 +150,17 @@ open_through_bounded_filesystems()
 
 
 def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
-    """Make every fsspec filesystem of the root's protocol in this process use ``options``.
-
-    Lightning's ModelCheckpoint and checkpoint loading open URLs through fsspec without storage
-    options; fsspec's per-protocol config is how a configured endpoint reaches them.
-    """
-    protocol = protocol_of(root)
+    """Make every fsspec filesystem of the root's protocol in this process use ``options``: Lightning
+    opens checkpoint URLs without storage options, so fsspec's per-protocol config carries them."""
+    protocol = _protocol_of(root)
     if options:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
     open_through_bounded_filesystems()  # again: a library imported since may have taken the protocol
 
 
 def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
-    """botocore settings that bound how long an S3 request may take: ``attempts`` tries (botocore's
-    standard mode: throttling, 5xx, timeouts and refused connections, with exponential backoff and
-    jitter), each failing after ``timeout`` s without progress: to connect, between bytes received,
-    or while bytes sent stay unacknowledged."""
+    """botocore settings: ``attempts`` tries of an S3 request (its standard retry mode), each failing
+    after ``timeout`` s without progress (to connect, between bytes received, sent bytes unacknowledged)."""
     return {
         "connect_timeout": timeout,
         "read_timeout": timeout,
@@ -212,16 +169,9 @@ def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
     }
 
 
-def retry_bound_s(timeout: float, attempts: int) -> float:
-    """The longest an S3 request can take before it fails: every attempt times out, plus the backoffs."""
-    backoff = sum(min(2**attempt, _BACKOFF_CAP_S) for attempt in range(attempts - 1))
-    return attempts * timeout + backoff
-
-
 def socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.socket:
-    """A socket that aiohttp connects with: the kernel drops the connection when sent bytes stay
-    unacknowledged for ``timeout`` (a server that stopped answering mid-upload), which aiohttp's own
-    timeouts (connect, read) do not cover."""
+    """A socket for aiohttp that the kernel drops when sent bytes stay unacknowledged for ``timeout``
+    (a server that stopped answering mid-upload), which aiohttp's own timeouts do not cover."""
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     if hasattr(socket, "TCP_USER_TIMEOUT") and family in (socket.AF_INET, socket.AF_INET6):
@@ -231,8 +181,7 @@ def socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.
 
 @functools.cache
 def _session_without_expect_continue() -> Any:
-    """An aiobotocore session whose uploads do not ask for "100 Continue": aiohttp waits for that
-    answer without any timeout, so an upload to an endpoint that stopped answering hung forever."""
+    """An aiobotocore session whose uploads do not ask for "100 Continue", which aiohttp awaits forever."""
     from aiobotocore.session import AioSession
     from botocore.handlers import add_expect_header
 
@@ -266,8 +215,8 @@ class RunStorage:
         self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
 
     def write_text(self, name: str, text: str) -> None:
-        """Write ``<storage folder>/name``; locally via a temporary file and a rename (atomic).
-        Raises StorageFailed; skipped (with a warning) once this storage failed in this process."""
+        """Write ``<storage folder>/name`` (locally atomic). Raises StorageFailed; skipped, with a
+        warning, once this storage failed in this process."""
         failure = failed_storage(self.url)
         if failure is not None:
             log.warning("%s not written: the storage failed earlier (%s)", self.url_of(name), failure.cause)
@@ -286,89 +235,14 @@ class RunStorage:
         except FileNotFoundError:
             return None
 
-    def checkpoints(self) -> list[tuple[str, float]]:
-        """``(url, modified time)`` of every checkpoint file, newest first."""
-        try:
-            entries = self.fs.ls(f"{self.path}/checkpoints", detail=True, refresh=True)
-        except FileNotFoundError:
-            return []
-        found = [
-            (e["name"] if self.is_local else self._url_of_path(e["name"]), _modified(e))
-            for e in entries
-            if e["type"] == "file" and e["name"].endswith(CHECKPOINT_SUFFIX)
-        ]
-        # Ties (object stores keep whole seconds): a preemption checkpoint, then last.ckpt, come first.
-        rank = {"preempted.ckpt": 0, "last.ckpt": 1}
-        return sorted(found, key=lambda f: (-f[1], rank.get(f[0].rsplit("/", 1)[-1], 2)))
-
-    def remove_temporaries(self) -> list[str]:
-        """Delete what interrupted atomic writes left in the checkpoint folder (local roots only)."""
-        if not self.is_local:
-            return []  # object stores publish an object only once its upload completed
-        folder = Path(self.path) / "checkpoints"
-        leftovers = [p for p in folder.glob(f".*{TEMPORARY_SUFFIX}") if p.is_file()]
-        for path in leftovers:
-            path.unlink(missing_ok=True)
-        return [str(p) for p in leftovers]
-
-    def has_files(self) -> bool:
-        """Whether the run stored anything here (the record of a start does not count)."""
-        try:
-            found = self.fs.find(self.path)
-        except FileNotFoundError:
-            return False
-        return any(self._entry_of(f) not in START_RECORD for f in found)
-
-    def _url_of_path(self, path: str) -> str:
-        # The root's scheme, as the user wrote it: adlfs's unstrip_protocol writes abfs:// for az://.
-        return f"{protocol_of(self.root)}://{path.lstrip('/')}"
-
-    def _entry_of(self, path: str) -> str:
-        return path[len(self.path) :].lstrip("/").split("/", 1)[0]
-
-    def set_aside(self) -> str:
-        """Move what the run stored here to ``<folder>.replaced-<time>`` (nothing is deleted); returns
-        its URL. The record of the start under way stays (its logs are copied: they are open)."""
-        stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        target = f"{self.path}.replaced-{stamp}"
-        self.fs.makedirs(target, exist_ok=True)
-        for entry in self.fs.ls(self.path, detail=False, refresh=True):
-            name = self._entry_of(str(entry))
-            if name in _APPENDED_LOGS:
-                self.fs.cp_file(entry, f"{target}/{name}")
-            elif name not in START_RECORD:
-                self.fs.mv(entry, f"{target}/{name}", recursive=True)
-        return target if self.is_local else self._url_of_path(target)
-
-    def download(self, name: str, local_dir: Path) -> int:
-        """Copy the files of ``<storage folder>/name/`` into ``local_dir``; returns how many."""
-        try:
-            entries = [e for e in self.fs.ls(f"{self.path}/{name}", detail=True) if e["type"] == "file"]
-        except FileNotFoundError:
-            return 0
-        local_dir.mkdir(parents=True, exist_ok=True)
-        for entry in entries:
-            self.fs.get_file(entry["name"], str(local_dir / entry["name"].rsplit("/", 1)[-1]))
-        return len(entries)
-
-
-def _modified(entry: Mapping[str, Any]) -> float:
-    """An fsspec ``ls`` entry's modification time as a POSIX timestamp, whatever the backend."""
-    for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
-        value = entry.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, dt.datetime):
-            return value.timestamp()
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    return 0.0
+    def url_of_path(self, path: str) -> str:
+        """The URL of a path of ``fs``, in the root's scheme (adlfs's unstrip_protocol writes abfs:// for az://)."""
+        return path if self.is_local else f"{_protocol_of(self.root)}://{path.lstrip('/')}"
 
 
 def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
-    """Copy the files whose size differs from their copy in the folder ``destination`` (a URL under
-    the storage root ``root``) into it. Raises StorageFailed; skipped once the root failed."""
+    """Copy the files whose size differs from their copy in ``destination`` (a folder's URL under the
+    storage root ``root``) into it. Raises StorageFailed; skipped once the root failed."""
     if failed_storage(destination) is not None or not files:
         return
     with writing(root, destination.removeprefix(root).lstrip("/") + "/", destination):
@@ -383,10 +257,16 @@ def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
                 fs.put_file(str(path), f"{remote}/{path.name}")
 
 
-def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False, durable: bool = False) -> None:
+def write_atomic(
+    path: Path,
+    write: Callable[[IO], Any],
+    binary: bool = False,
+    durable: bool = False,
+    exclusive: bool = False,
+) -> None:
     """The engine's one atomic write: ``write(file)`` into a temporary file, then a rename, so a full
-    disk or a kill never leaves ``path`` truncated (the old file, if any, stays). ``durable``: the file
-    and the rename are synced to disk too, so a power loss keeps them (checkpoints)."""
+    disk or a kill never truncates ``path``. ``durable``: synced to disk too (checkpoints);
+    ``exclusive``: FileExistsError where ``path`` exists (a lock, created whole and only once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
@@ -395,10 +275,9 @@ def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False, d
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        (os.link if exclusive else os.replace)(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # a link's, or a failed write's
     if durable:
         directory = os.open(path.parent, os.O_RDONLY)
         try:
@@ -411,18 +290,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda file: file.write(text))
 
 
-def read_checkpoint(url: str) -> dict:
-    """A checkpoint's contents, loaded safely (``weights_only=True``) from any fsspec URL."""
-    import torch
-
-    with fsspec.open(url, "rb") as f:
-        return torch.load(f, map_location="cpu", weights_only=True)
-
-
 # --- the fail-fast check -------------------------------------------------------------------------
 
-# Names of exceptions (from botocore, aiohttp, asyncio, fsspec, azure-core) that mean the endpoint did
-# not answer: azure-core's two wrap a request that could not be sent and one sent without an answer.
+# Names of exceptions (botocore, aiohttp, asyncio, fsspec, azure-core) that mean the endpoint did not answer.
 _UNREACHABLE = {
     "EndpointConnectionError",
     "ConnectTimeoutError",
@@ -436,40 +306,41 @@ _UNREACHABLE = {
     "ServiceRequestError",
     "ServiceResponseError",
 }
+# Errors of an object store's request: azure-core's; gcsfs's HttpError for a status (5xx, 429).
+_REMOTE_ERRORS = _UNREACHABLE | {"ClientError", "HTTPClientError", "BotoCoreError", "NoCredentialsError"}
+_REMOTE_ERRORS |= {"AzureError", "HttpError"}
 
 
-def check_storage(storage: Mapping[str, Any], timeout_s: float | None = None) -> None:
-    """Fail in seconds, before training, when the storage root cannot hold checkpoints.
-
-    Local and mounted roots must be writable directories (a mounted root must already exist: a
-    missing mount point means the drive is not mounted). Object-store roots get one probe object
-    written and deleted, with short timeouts and no retries. Raises StorageError (one line).
-    """
+def check_storage(storage: Mapping[str, Any]) -> None:
+    """Fail in seconds, before training, when the storage root cannot hold checkpoints: a local root
+    must be a writable directory (a mounted one must exist already); an object store gets a probe
+    object written and deleted, with short timeouts and no retries. Raises StorageError (one line)."""
     name, root = storage.get("name", "local"), str(storage["root"])
-    protocol = protocol_of(root)
-    expected = OBJECT_STORES.get(name, ("file",))
+    protocol = _protocol_of(root)
+    expected = _OBJECT_STORES.get(name, ("file",))
     if protocol not in expected:
         example = EXAMPLE_ROOTS.get(name, "/path/on/the/drive")
         raise StorageError(f"storage={name} needs storage.root={example}, got storage.root={root}")
     if protocol == "file":
         _check_local(root, create=bool(storage.get("create_root", True)))
     else:
-        timeout = float(timeout_s if timeout_s is not None else storage.get("check_timeout_s", 2.0))
-        _check_remote(root, storage_options(storage), timeout)
+        timeout = float(storage.get("check_timeout_s", 2.0))
+        _check_remote(root, _fail_fast(storage, timeout), timeout)
 
 
 def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
     """``resume=PATH`` names an existing file (on the storage root's backend when it is a URL)."""
-    protocol, options = protocol_of(url), {}
+    protocol, options = _protocol_of(url), {}
     try:
         if protocol == "file":
             found = Path(url.removeprefix("file://")).expanduser().is_file()
         else:
-            options = storage_options(storage) if protocol == protocol_of(str(storage["root"])) else {}
-            timeout = float(storage.get("check_timeout_s", 2.0))
-            found = _fail_fast(fsspec.get_filesystem_class(protocol), protocol, options, timeout).isfile(url)
+            same = protocol == _protocol_of(str(storage["root"]))  # else the storage's endpoint is not its
+            timeout = float(storage.get("check_timeout_s", 2))
+            options = _fail_fast({**(storage if same else {}), "root": url}, timeout)
+            found = fsspec.get_filesystem_class(protocol)(**options).isfile(url)
     except Exception as error:
-        cause = _cause(error, url, _endpoint(protocol, options)) if protocol != "file" else one_line(error)
+        cause = one_line(error) if protocol == "file" else _cause(error, url, _endpoint(protocol, options))
         raise StorageError(f"resume={url} cannot be checked: {cause}") from None
     if not found:
         raise StorageError(
@@ -500,17 +371,16 @@ def _check_local(root: str, create: bool) -> None:
 
 
 def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
-    protocol = protocol_of(root)
-    endpoint = _endpoint(protocol, options)
+    endpoint = _endpoint(_protocol_of(root), options)
     try:
-        filesystem_class = fsspec.get_filesystem_class(protocol)
+        filesystem_class = fsspec.get_filesystem_class(_protocol_of(root))
     except ImportError as error:
         raise StorageError(f"storage root {root} needs a package that is not installed: {error}") from None
     failure: list[BaseException] = []
 
     def probe() -> None:
         try:
-            fs = _fail_fast(filesystem_class, protocol, options, timeout)
+            fs = filesystem_class(**options)
             folder = fsspec.core.strip_protocol(root)
             # First a request without a body: aiohttp waits without a timeout for the "100 Continue"
             # that botocore asks for on uploads, so an endpoint that never answers would hang there.
@@ -531,22 +401,20 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
         raise StorageError(f"storage root {root} is not usable: {_cause(failure[0], root, endpoint)}")
 
 
-def _fail_fast(filesystem_class: type, protocol: str, options: dict[str, Any], timeout: float) -> Any:
-    """A filesystem of its own for a check: one try of each request, each failing after ``timeout``."""
-    fast: dict[str, Any] = {}
-    if protocol in OBJECT_STORES["s3"]:
-        fast = {"config_kwargs": s3_client_config(timeout, attempts=1)}
-    elif protocol in OBJECT_STORES["gcs"] or protocol in OBJECT_STORES["azure"]:
-        fast = {"max_attempts": 1, "timeout_s": timeout}
-    return filesystem_class(**{**options, **fast}, skip_instance_cache=True)
+def _fail_fast(storage: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Options of a filesystem for a check: one try of each request, each failing after ``timeout``."""
+    return {
+        **storage_options({**storage, "max_attempts": 1, "timeout_s": timeout}),
+        "skip_instance_cache": True,
+    }
 
 
 def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
-    if protocol in OBJECT_STORES["s3"]:
+    if protocol in _OBJECT_STORES["s3"]:
         configured = options.get("client_kwargs", {}).get("endpoint_url")
         env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return f"endpoint {configured or env}" if configured or env else "the AWS S3 endpoint"
-    if protocol in OBJECT_STORES["azure"]:  # from the connection string, never the string: it holds the key
+    if protocol in _OBJECT_STORES["azure"]:  # from the connection string, never the string: it holds the key
         connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
         parts = dict(part.split("=", 1) for part in connection.split(";") if "=" in part)
         account = options.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
@@ -558,8 +426,18 @@ def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
     return f"endpoint {configured}" if configured else "the GCS endpoint"
 
 
-def _cause(error: BaseException, root: str, endpoint: str) -> str:
-    names = {cls.__name__ for cls in type(error).__mro__}
+def _names(*errors: BaseException) -> set[str]:
+    return {cls.__name__ for error in errors for cls in type(error).__mro__}
+
+
+def _cause(error: BaseException, root: str, endpoint: str, attempts: int | None = None) -> str:
+    """The one wording of a storage cause, for the check (``attempts`` None: it tries once) and the run."""
+    unreachable = [e for e in error_chain(error) if _names(e) & _UNREACHABLE]
+    if unreachable:
+        tries = f" after {attempts} attempts" if attempts else ""
+        said = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
+        return f"{endpoint} did not answer{tries} ({type(said).__name__}: {one_line(said)})"
+    names = _names(error)
     message = one_line(error)
     status = getattr(error, "status_code", None)  # azure-core's HttpResponseError: its status and code
     if "HttpResponseError" in names and status:  # (its message goes on with the XML answer)
@@ -584,12 +462,9 @@ def _cause(error: BaseException, root: str, endpoint: str) -> str:
             "or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_CONNECTION_STRING or "
             "AZURE_STORAGE_ACCOUNT_NAME) or the provider's credential chain"
         )
-    if names & _UNREACHABLE:
-        said = next((e for e in error_chain(error) if str(e)), error)  # fsspec's timeout says nothing
-        return f"{endpoint} is unreachable ({type(said).__name__}: {one_line(said)})"
     if isinstance(error, FileNotFoundError):
         bucket = root.split("://", 1)[1].split("/", 1)[0]
-        kind = "container" if protocol_of(root) in OBJECT_STORES["azure"] else "bucket"
+        kind = "container" if _protocol_of(root) in _OBJECT_STORES["azure"] else "bucket"
         return f"{kind} '{bucket}' does not exist ({message})"
     if isinstance(error, PermissionError) or status in (401, 403):
         return f"access denied, check the credentials in the environment ({message})"
