@@ -194,6 +194,10 @@ def bare_lightning(overrides: list[str], steps: int, warmup_steps: int, out: Pat
         callbacks=[StepTimer(str(out), warmup_steps=warmup_steps, runner="lightning")],
     )
     trainer.fit(module, datamodule=data)
+    import torch
+
+    if torch.distributed.is_initialized():  # gloo's threads would otherwise abort the exit (status -6)
+        torch.distributed.destroy_process_group()
 
 
 def vision_task(cfg: Any, data: Any) -> tuple[Any, tuple[Any, ...], Callable[..., Any]]:
