@@ -91,7 +91,7 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
     # digits' 1259 training samples hold 19 whole batches of 64).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = sorted(out.glob("logs/[0-9][0-9][0-9]-cnn-digits*-litlab/train/runs/*/tensorboard"))
+    runs = sorted(out.glob("logs/*-cnn-digits*-litlab/train/runs/*/tensorboard"))
     assert len(runs) == 2, runs
     for events in runs:
         scalars = EventAccumulator(str(events))

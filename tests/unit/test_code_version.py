@@ -170,7 +170,7 @@ def test_the_same_command_after_an_edit_trains_a_new_run_and_then_skips_it(tmp_p
 def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, monkeypatch):
     """The pool's check before starting a job takes the decision the job's own process would."""
     from litlab.config.identity import run_identity
-    from litlab.launch.pool import DevicePoolLauncher, _task_config
+    from litlab.launch.pool import DevicePoolLauncher, task_config
     from litlab.storage import resume
     from litlab.storage.roots import RunStorage
     from tests.conftest import compose_train
@@ -183,7 +183,7 @@ def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, mo
     config = compose_train(
         [f"storage.root={root}", "+callbacks.marker._target_=sweepcallbacks.Marker"], tmp_path / "job"
     )
-    task_cfg = _task_config(config)
+    task_cfg = task_config(config)
     storage = RunStorage(str(root), run_identity(task_cfg))
     storage.prepare()
     code = code_version(task_cfg, config.hydra).record()
@@ -199,7 +199,7 @@ def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_c
     """``-m precision=fp32,bf16 'run_name=exp_${precision.name}'``, then the same with
     ``trainer.max_epochs=3``: the pool's check skips a job only where its run trained these settings."""
     from litlab.config.identity import run_settings, settings_fingerprint
-    from litlab.launch.pool import DevicePoolLauncher, _task_config
+    from litlab.launch.pool import DevicePoolLauncher, task_config
     from litlab.storage import resume
     from litlab.storage.roots import RunStorage
     from tests.conftest import compose_train
@@ -207,7 +207,7 @@ def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_c
     root = tmp_path / "storage"
     named = [f"storage.root={root}", "run_name=exp_${precision.name}", "trainer.max_epochs=1"]
     config = compose_train(named, tmp_path / "job")
-    task_cfg = _task_config(config)
+    task_cfg = task_config(config)
     storage = RunStorage(str(root), "exp_fp32")
     storage.prepare()
     code = {
@@ -219,7 +219,7 @@ def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_c
     assert DevicePoolLauncher._completed(task_cfg, config.hydra, "exp_fp32") is not None
     for changed in ("trainer.max_epochs=3", "trainer.accumulate_grad_batches=2"):
         config = compose_train([*named, changed], tmp_path / "job")
-        task_cfg = _task_config(config)
+        task_cfg = task_config(config)
         assert DevicePoolLauncher._completed(task_cfg, config.hydra, "exp_fp32") is None, changed
 
 

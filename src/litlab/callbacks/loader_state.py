@@ -72,7 +72,7 @@ class ResumableLoaderCheck(Callback):
         # that had finished): the same condition.
         why = "cannot restore its position, so a resumed run restarts its epoch from a new shuffle"
         if exact and self.positions and trainer.fit_loop.restarting:
-            exact = self._give_saved_positions([loader for loader in loaders if _restores_position(loader)])
+            exact = self._give_saved_positions(loaders)  # every one restores its position
             why = (
                 "was built before the checkpoint was restored (trainer.estimated_stepping_batches in "
                 "configure_optimizers) and took its position then, so this epoch restarts"

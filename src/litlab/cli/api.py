@@ -34,9 +34,9 @@ from litlab.run.summary import SWEEP_JOB_ENV
 _CHECKED_ENV = "LITLAB_RANKS_CHECKED"
 
 
-def start(config_name: str, task: Callable[[DictConfig], Any], hydra_main: Callable[[], Any]) -> None:
-    """``litlab-<config_name>``: check the command line's config and run ``task`` on it as Hydra's single
-    run; Hydra's own main (``hydra_main``) for its flags and a sweep."""
+def start(config_name: str, main: Callable[..., Any]) -> None:
+    """``litlab-<config_name>``: check the command line's config and run ``main`` (a ``@hydra.main``) on
+    it as Hydra's single run; ``main()`` itself for Hydra's own flags and a sweep."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
     check_pasted_paths(sys.argv[1:])  # a path Hydra cannot parse: how to quote it
@@ -45,9 +45,9 @@ def start(config_name: str, task: Callable[[DictConfig], Any], hydra_main: Calla
             checked = _config_to_run(config_name, sys.argv[1:])
             if checked is not None:
                 os.environ[_CHECKED_ENV] = str(os.getpid())  # before Lightning starts the run's other ranks
-                _run_job(checked, task, one_line_exit=True)
+                _run_job(checked, main, one_line_exit=True)
                 return
-        hydra_main()
+        main()
     finally:
         os.environ.pop(_CHECKED_ENV, None)  # a later start in this process checks again
         garbage_collection.skip_collection_at_exit()
@@ -80,6 +80,11 @@ def train(config: Sequence[str] | DictConfig = ()) -> dict[str, Any]:
     config from ``compose``), and return its summary.json. Errors are raised: ConfigError for a bad
     config, LitlabError for a run that stopped. Several devices: ``strategy=ddp_notebook`` forks their
     ranks from this process; other strategies need ``litlab-train`` (docs/launch.md)."""
+    with one_start():  # compose's checks and the run compute each thing once
+        return _train(config)
+
+
+def _train(config: Sequence[str] | DictConfig) -> dict[str, Any]:
     cfg = config if isinstance(config, DictConfig) else compose(config)
     devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
     forked = cfg.strategy.get("start_method") == "fork"  # Lightning forks the ranks from this process
@@ -105,7 +110,7 @@ def _run_job(cfg: DictConfig, task: Callable[[DictConfig], Any], one_line_exit: 
     with read_write(cfg.hydra), open_dict(cfg.hydra):  # RUN: where litlab.run.ending exits in one line
         cfg.hydra.mode = RunMode.RUN if one_line_exit else None
     # Hydra's own single run; run_job reads no config source, but its context wants an initialized Hydra.
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"), one_start():
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         context = HydraContext(GlobalHydra.instance().hydra.config_loader, hydra_job_callbacks(cfg))
         with _root_logging_restored(not one_line_exit):  # the caller's logging after the run, not train.log
             job = run_job(task, cfg, "hydra.run.dir", None, hydra_context=context)

@@ -146,7 +146,7 @@ def _first_line(error: BaseException) -> str:
 
 def main() -> None:
     """Console script."""
-    start("eval", evaluate, evaluate)
+    start("eval", evaluate)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def _use_test_split_without_predict_dataloader(data: Any) -> str:
 
 def main() -> None:
     """Console script."""
-    start("predict", predict, predict)
+    start("predict", predict)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def train(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console script."""
-    start("train", train, train)
+    start("train", train)
 
 
 if __name__ == "__main__":

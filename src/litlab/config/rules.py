@@ -246,13 +246,15 @@ def _check_no_added_keys(cfg: DictConfig, prefix: str = "") -> None:
     """``+oom.foo=1`` adds a key even to a typed node; only typos do that, so refuse them.
     (Your groups have no schema: their keys are checked against their ``_target_``'s signature.)"""
     schema_type = OmegaConf.get_type(cfg)
-    allowed = allowed_keys(schema_type)
+    fields = (
+        {f.name for f in dataclasses.fields(schema_type)} if dataclasses.is_dataclass(schema_type) else None
+    )
     for key in cfg:
         name = f"{prefix}{key}"
         if name == "hydra":
             continue
-        if allowed and key not in {f.name for f in dataclasses.fields(schema_type)}:
-            raise ConfigError(f"unknown key '{name}': {allowed}")
+        if fields is not None and key not in fields:
+            raise ConfigError(f"unknown key '{name}': {allowed_keys(schema_type)}")
         node = cfg._get_node(key)
         typed = OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
         if typed and not OmegaConf.is_missing(cfg, key):

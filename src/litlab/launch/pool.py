@@ -304,7 +304,7 @@ class DevicePoolLauncher(Launcher):
 
             for job in queue.values():  # never started: the record says why
                 error = f"the sweep was stopped by {self._stopped} before the job started"
-                not_started(job.config, job.dir, error, INTERRUPTED, self._pool_record(job), job.task_cfg)
+                not_started(job.config, job.dir, error, job.task_cfg, INTERRUPTED, self._pool_record(job))
             log.warning(
                 "sweep stopped by %s; the same command resumes it (completed jobs are skipped)", self._stopped
             )
@@ -393,7 +393,7 @@ class DevicePoolLauncher(Launcher):
         assert self.hydra_context is not None and self.config is not None
         config = job_config(self.hydra_context, self.config, list(queued.overrides), index)
         job_dir = Path(config.hydra.runtime.output_dir)
-        task_cfg = _task_config(config)
+        task_cfg = task_config(config)
         command = child_command(config.hydra, job_dir, self._entry_module())
         log.info("\t#%d : %s", index, " ".join(filter_overrides(queued.overrides)))
         need = device_count(OmegaConf.select(task_cfg, "trainer.devices", default=1))
@@ -406,7 +406,7 @@ class DevicePoolLauncher(Launcher):
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
             self._write_job_files(job)
-            summary = not_started(config, job.dir, refusal, pool=self._pool_record(job), task_cfg=task_cfg)
+            summary = not_started(config, job.dir, refusal, task_cfg, pool=self._pool_record(job))
             return self._job_return(job, summary.to_dict())
         root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "").removeprefix("file://")
         if identity is not None and root and "://" not in root:  # the job's own process reads the others
@@ -595,30 +595,25 @@ class DevicePoolLauncher(Launcher):
         return ret
 
 
-def _task_config(config: DictConfig) -> DictConfig:
+def task_config(config: DictConfig) -> DictConfig:
     task_cfg = copy.deepcopy(config)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
     return task_cfg
 
 
-def _summary(
-    config: DictConfig, job_dir: Path, error: str | None, status: str, task_cfg=None, **known
-) -> Any:
+def _summary(config: DictConfig, job_dir: Path, error: str | None, status: str, task_cfg, **known) -> Any:
     """The Summary of a job whose process writes none: not started, running, or trained elsewhere."""
     from litlab.run.summary import Summary
 
     HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
     place = {"dir": str(config.hydra.sweep.dir), "job_num": int(config.hydra.job.num)}
-    task_cfg = task_cfg if task_cfg is not None else _task_config(config)
     return Summary.of(
         task_cfg, error, run_dir=job_dir, hydra=config.hydra, status=status, sweep=place, **known
     )
 
 
-def not_started(
-    config: DictConfig, job_dir: Path, error: str, status="failed", pool=None, task_cfg=None
-) -> Any:
+def not_started(config: DictConfig, job_dir: Path, error: str, task_cfg, status="failed", pool=None) -> Any:
     """A job that never started: a line in the log and a training job's row in the sweep's record
     (its run's folder is left as it was); its Summary."""
     from litlab.launch.multirun import record_job

@@ -32,7 +32,7 @@ from litlab.config.redact import redact_text
 from litlab.config.rules import ConfigError
 from litlab.errors import EXIT_FAILED, LitlabError, error_chain, one_line
 from litlab.launch.multirun import JobPlan, NotComposed, PlanningSweeper, distinct_runs, job_config, plan_job
-from litlab.launch.pool import QueuedJob, not_started
+from litlab.launch.pool import QueuedJob, not_started, task_config
 from litlab.run import sweep_record
 from litlab.run.summary import finite
 from litlab.storage.roots import write_text_atomic
@@ -472,7 +472,9 @@ class OptunaSearch(PlanningSweeper):
         job_dir = self.sweep_dir / str(job_idx)
         try:
             config = job_config(self.hydra_context, self.config, job.overrides, job_idx)
-            not_started(config, job_dir, str(job.refusal)).write(job_dir / "summary.json")
+            not_started(config, job_dir, str(job.refusal), task_config(config)).write(
+                job_dir / "summary.json"
+            )
         finally:
             HydraConfig.instance().cfg = sweep_hydra_config
         return JobReturn(working_dir=str(job_dir))

@@ -252,10 +252,9 @@ def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
     """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
     if not run.is_global_zero:
         return
-    summary = Summary.of(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
-    summary.write(run.dir / "summary.json")
-    if not run.stored_in_own_dir:  # else that was the storage's copy too
-        run.storage.write_text("summary.json", summary.to_json())
+    run.write_summary_json(
+        Summary.of(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
+    )
 
 
 def _part_name(group: str, name: str) -> str:

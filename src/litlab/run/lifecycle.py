@@ -106,6 +106,13 @@ class Run:
         summary = (self.resume.completed_summary if self.resume else None) or {}
         return summary.get("metrics", {}).get(name)
 
+    def write_summary_json(self, summary: Summary) -> None:
+        """Rank 0: summary.json in the run's folder, and in its storage folder where that is another."""
+        if self.is_global_zero:
+            summary.write(self.dir / "summary.json")
+            if not self.stored_in_own_dir:
+                self.storage.write_text("summary.json", summary.to_json())
+
     def note_precision(self, requested: str, effective: str) -> None:
         self.precision = {"requested": requested, "effective": effective}
         if requested != effective:
@@ -285,10 +292,7 @@ def write_summary(
     if run.fit_elsewhere:
         summary = _with_what_rank_zero_saw(summary, run)
     summary = dataclasses.replace(summary, diagnosis=doctor.diagnose(summary))  # what its numbers show
-    if run.is_global_zero:
-        summary.write(run.dir / "summary.json")
-        if not run.stored_in_own_dir:
-            run.storage.write_text("summary.json", summary.to_json())
+    run.write_summary_json(summary)
     return summary
 
 

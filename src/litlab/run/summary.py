@@ -120,7 +120,6 @@ class Summary:
         run_dir: Path | str | None,
         hydra: DictConfig | None,
         status: str = FAILED,
-        sweep: dict[str, Any] | None = None,
         **known: Any,
     ) -> Summary:
         """What the config and Hydra node (``hydra``, or None) say of a run, under what its Trainer knows."""
@@ -163,7 +162,6 @@ class Summary:
             effective_batch_size=sizes.effective if sizes else None,
             global_batch_size=select("global_batch_size"),
             finished_at=now(),
-            sweep=sweep,
             settings=settings,
         )
         return cls(status=status, error=error, **{**from_config, **known})

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import get_protocol
 
 from litlab.errors import EXIT_FAILED, LitlabError, error_chain, first_line, one_line
 
@@ -80,7 +81,7 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     checkpoint that cannot be pickled, say)."""
     # torch.save reports a full disk as a RuntimeError raised while handling the file's OSError.
     os_error = next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
-    protocol = _protocol_of(url)
+    protocol = get_protocol(url)
     if protocol == "file":
         if os_error is None or os_error.errno is None:
             return None
@@ -96,15 +97,10 @@ def storage_cause(error: BaseException, url: str) -> str | None:
     return _cause(error, url, _endpoint(protocol, options), attempts)
 
 
-def _protocol_of(url: str) -> str:
-    """``s3``, ``gs``, ... for a URL; ``file`` for a plain path."""
-    return url.split("://", 1)[0] if "://" in url else "file"
-
-
 def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
     """fsspec keyword arguments for the storage config's filesystem: endpoint and region (never keys)
     and the bounds of every request."""
-    protocol = _protocol_of(str(storage["root"]))
+    protocol = get_protocol(str(storage["root"]))
     attempts, timeout = int(storage.get("max_attempts", 5)), float(storage.get("timeout_s", 10.0))
     if protocol in _OBJECT_STORES["s3"]:
         client = {"endpoint_url": storage.get("endpoint_url"), "region_name": storage.get("region")}
@@ -152,7 +148,7 @@ open_through_bounded_filesystems()
 def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
     """Make every fsspec filesystem of the root's protocol in this process use ``options``: Lightning
     opens checkpoint URLs without storage options, so fsspec's per-protocol config carries them."""
-    protocol = _protocol_of(root)
+    protocol = get_protocol(root)
     if options:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
     open_through_bounded_filesystems()  # again: a library imported since may have taken the protocol
@@ -237,7 +233,7 @@ class RunStorage:
 
     def url_of_path(self, path: str) -> str:
         """The URL of a path of ``fs``, in the root's scheme (adlfs's unstrip_protocol writes abfs:// for az://)."""
-        return path if self.is_local else f"{_protocol_of(self.root)}://{path.lstrip('/')}"
+        return path if self.is_local else f"{get_protocol(self.root)}://{path.lstrip('/')}"
 
 
 def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
@@ -316,7 +312,7 @@ def check_storage(storage: Mapping[str, Any]) -> None:
     must be a writable directory (a mounted one must exist already); an object store gets a probe
     object written and deleted, with short timeouts and no retries. Raises StorageError (one line)."""
     name, root = storage.get("name", "local"), str(storage["root"])
-    protocol = _protocol_of(root)
+    protocol = get_protocol(root)
     expected = _OBJECT_STORES.get(name, ("file",))
     if protocol not in expected:
         example = EXAMPLE_ROOTS.get(name, "/path/on/the/drive")
@@ -330,12 +326,12 @@ def check_storage(storage: Mapping[str, Any]) -> None:
 
 def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
     """``resume=PATH`` names an existing file (on the storage root's backend when it is a URL)."""
-    protocol, options = _protocol_of(url), {}
+    protocol, options = get_protocol(url), {}
     try:
         if protocol == "file":
             found = Path(url.removeprefix("file://")).expanduser().is_file()
         else:
-            same = protocol == _protocol_of(str(storage["root"]))  # else the storage's endpoint is not its
+            same = protocol == get_protocol(str(storage["root"]))  # else the storage's endpoint is not its
             timeout = float(storage.get("check_timeout_s", 2))
             options = _fail_fast({**(storage if same else {}), "root": url}, timeout)
             found = fsspec.get_filesystem_class(protocol)(**options).isfile(url)
@@ -371,9 +367,9 @@ def _check_local(root: str, create: bool) -> None:
 
 
 def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
-    endpoint = _endpoint(_protocol_of(root), options)
+    endpoint = _endpoint(get_protocol(root), options)
     try:
-        filesystem_class = fsspec.get_filesystem_class(_protocol_of(root))
+        filesystem_class = fsspec.get_filesystem_class(get_protocol(root))
     except ImportError as error:
         raise StorageError(f"storage root {root} needs a package that is not installed: {error}") from None
     failure: list[BaseException] = []
@@ -464,7 +460,7 @@ def _cause(error: BaseException, root: str, endpoint: str, attempts: int | None 
         )
     if isinstance(error, FileNotFoundError):
         bucket = root.split("://", 1)[1].split("/", 1)[0]
-        kind = "container" if _protocol_of(root) in _OBJECT_STORES["azure"] else "bucket"
+        kind = "container" if get_protocol(root) in _OBJECT_STORES["azure"] else "bucket"
         return f"{kind} '{bucket}' does not exist ({message})"
     if isinstance(error, PermissionError) or status in (401, 403):
         return f"access denied, check the credentials in the environment ({message})"
