@@ -1,7 +1,6 @@
-"""Where this rank is in its run (``HEARTBEAT``), the record that says it (``record``), and the one
-watchdog thread per process whose jobs read it (``watch``: ``litlab.run.hangs``, the run lock's
-refresh). The loop's hooks only set attributes (no I/O, no lock); ranks run the same hooks in order,
-so the rank with the fewest beats is the one the others wait for.
+"""Where this rank is in its run (``HEARTBEAT``), its ``record``, and the process's one watchdog thread
+(``watch``: ``litlab.run.hangs``, the run lock's refresh). The loop's hooks only set attributes (no I/O,
+no lock); ranks run the same hooks in order, so the rank with the fewest beats is the one others wait for.
 """
 
 from __future__ import annotations
@@ -46,11 +45,10 @@ class State:
 
 class Heartbeat:
     def __init__(self) -> None:
-        self.state = State()
-        self.at = time.monotonic()  # of the last progress
+        self.reset()
 
     def reset(self) -> None:
-        self.state, self.at = State(), time.monotonic()
+        self.state, self.at = State(), time.monotonic()  # at: of the last progress
 
     def beat(self, phase: str, step: int, first: bool = False) -> None:
         self.state, self.at = State(phase, step, self.state.beats + 1, first), time.monotonic()
@@ -78,21 +76,21 @@ class Heartbeat:
 HEARTBEAT = Heartbeat()  # this process's: one rank per process
 
 
+_WORDS = {
+    TRAINING: "training step {step}",
+    DATA: "waiting for data (before training step {step})",
+    CHECKPOINT: "checkpoint write at global step {step}",
+    VALIDATION: "validation at global step {step}",
+    STARTING: "starting (before training step {step}: setup, checkpoint restore, first batch)",
+}
+
+
 def describe(state: State) -> str:
     """The phase in words, as the stuck rank's line names it."""
-    if state.phase == TRAINING:
-        return f"training step {state.step}"
-    if state.phase == DATA:
-        return f"waiting for data (before training step {state.step})"
-    if state.phase == CHECKPOINT:
-        written = f", {_size(state.bytes_written)} written" if state.bytes_written else ""
-        uploading = f", uploading {_size(state.upload_bytes)}" if state.upload_bytes else ""
-        return f"checkpoint write at global step {state.step}{written}{uploading}"
-    if state.phase == VALIDATION:
-        return f"validation at global step {state.step}"
-    if state.phase == STARTING:
-        return f"starting (before training step {state.step}: setup, checkpoint restore, first batch)"
-    return f"{state.phase} after global step {state.step}"
+    words = _WORDS.get(state.phase, "{phase} after global step {step}").format(**asdict(state))
+    if state.bytes_written:
+        words += f", {_size(state.bytes_written)} written"
+    return words + (f", uploading {_size(state.upload_bytes)}" if state.upload_bytes else "")
 
 
 def allowance(state: State, hang_timeout: float) -> float:
@@ -149,9 +147,8 @@ def pid_namespace() -> int | None:
 
 
 def record(**more: Any) -> dict[str, Any]:
-    """This rank's heartbeat record: who (host, pid, its start, Slurm job), where (``HEARTBEAT``'s
-    state, also in words) and when (``heartbeat``, POSIX time): in heartbeat-rank<N>.json, the ranks'
-    store and the run lock."""
+    """This rank's heartbeat record: who (host, pid, Slurm job), where (``HEARTBEAT``'s state, also in
+    words), when (``heartbeat``, POSIX time); for heartbeat-rank<N>.json, the ranks' store, the run lock."""
     if not _this_process:  # read once per process (a forked child forgets its parent's)
         _this_process.update(
             host=socket.gethostname(),
@@ -195,9 +192,8 @@ def unwatch(name: str, job: Callable[[], None] | None = None) -> None:
 
 
 def _forget_the_parent() -> None:
-    """In a forked child (a ``ddp_notebook`` rank, a DataLoader worker): the parent's watchdog thread
-    is not here and its jobs stay the parent's; the event is new, as the parent's thread may have held
-    its lock at the fork."""
+    """In a forked child (a ``ddp_notebook`` rank, a DataLoader worker) the parent's watchdog thread and
+    jobs are not its own; a new event, as the parent's thread may have held its lock at the fork."""
     global _thread, _wake
     _this_process.clear()
     _jobs.clear()

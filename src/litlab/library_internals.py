@@ -1,9 +1,8 @@
-"""Lightning's, torch's and Hydra's private state that the engine's code reads or writes, each with
-why no public API serves; tests/unit/test_library_internals.py checks each against the installed
-versions. Code that extends a library's class or drives its client keeps such uses beside it, where
-its own tests cover them: ``storage.checkpoints.EpochCheckpoint`` (ModelCheckpoint's triggers),
-``storage.gcs_bounded`` (gcsfs's retried requests), Optuna's study storage (``launch.search``,
-``callbacks.pruning``).
+"""Lightning's, torch's and Hydra's private state that the engine reads or writes, each with why no
+public API serves; tests/unit/test_library_internals.py checks each against the installed versions.
+Uses that extend a library's class or drive its client stay beside their code and tests:
+``storage.checkpoints.EpochCheckpoint`` (ModelCheckpoint's triggers), ``storage.gcs_bounded`` (gcsfs's
+retried requests), Optuna's study storage (``launch.search``, ``callbacks.pruning``).
 """
 
 from __future__ import annotations
@@ -23,22 +22,17 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 # public per-tensor ops cost a Python call per parameter on every step.
 foreach_norm = torch._foreach_norm
 foreach_copy_ = torch._foreach_copy_
-
 # Lightning's text table of a model summary: ModelSummary.summarize, the public hook a subclass
 # overrides, receives the columns but no formatter; this is the one Lightning's own summarize uses.
 format_summary_table = _format_summary_table
+# The backend Lightning picks for a device (nccl for CUDA, else gloo) before its strategy has set up
+# the process group (``strategy.process_group_backend`` is None until then).
+default_process_group_backend = _get_default_process_group_backend_for_device
 
 
 def default_store() -> torch.distributed.Store:
-    """The store the ranks rendezvoused in. ``init_process_group`` creates it from the launcher's
-    address and keeps it; torch offers no public getter for it."""
+    """The store the ranks rendezvoused in: ``init_process_group`` keeps it, torch has no public getter."""
     return torch.distributed.distributed_c10d._get_default_store()
-
-
-def default_process_group_backend(device: torch.device) -> str:
-    """The backend Lightning picks for a device (nccl for CUDA, gloo otherwise) before its strategy
-    has set up the process group (``strategy.process_group_backend`` is None until then)."""
-    return _get_default_process_group_backend_for_device(device)
 
 
 def process_group_timeout(strategy: Any) -> datetime.timedelta | None:
@@ -47,11 +41,11 @@ def process_group_timeout(strategy: Any) -> datetime.timedelta | None:
 
 
 def take_child_processes(launcher: Any) -> list[subprocess.Popen]:
-    """The rank processes Lightning's subprocess launcher started, out of its observer's sight: when a
-    child fails, that thread SIGKILLs every rank before anything says which failed and why (``World``
-    does). Lightning has no switch for it, but it watches the very list ``launcher.procs`` was: the
-    launcher gets a copy (its ``kill``, on Ctrl+C, still reaches every child) and the watched list is
-    emptied, so the observer finds nothing failed and ends."""
+    """The rank processes Lightning's subprocess launcher started, out of its observer's sight (which
+    SIGKILLs every rank when one fails, before ``World`` can say which and why; Lightning has no switch
+    for it). The observer watches
+    the list ``launcher.procs`` was: the launcher gets a copy (its ``kill`` on Ctrl+C still reaches
+    every child) and the watched list is emptied, so the observer finds nothing failed and ends."""
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return []
     watched = launcher.procs
@@ -61,29 +55,28 @@ def take_child_processes(launcher: Any) -> list[subprocess.Popen]:
 
 
 def raise_sigterm_after_this_batch(trainer: L.Trainer) -> None:
-    """Makes Lightning stop as on SIGTERM: ``SIGTERMException`` at the end of the batch in progress
-    (after its bookkeeping) or of the epoch (after its checkpoints). Lightning reads only its own flag
-    (``trainer.received_sigterm`` is read-only); raising from a hook would skip that bookkeeping, and
-    ``trainer.should_stop`` runs a validation and ends the fit as finished."""
+    """Makes Lightning stop as on SIGTERM, at the end of the batch in progress (after its bookkeeping)
+    or of the epoch (after its checkpoints). ``trainer.received_sigterm`` is read-only; raising from a
+    hook would skip that bookkeeping, and ``trainer.should_stop`` validates and ends as finished."""
     trainer._signal_connector.received_sigterm = True
 
 
 def accumulating(trainer: L.Trainer) -> bool:
     """Whether the training batch in progress (or just ended) leaves its gradients for a later optimizer
-    step: Lightning's epoch loop decides it (with its strategy's say); no public API tells a callback."""
+    step: Lightning's epoch loop decides it; no public API tells a callback."""
     return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def cluster_environment(trainer: L.Trainer) -> Any:
-    """The cluster environment the Trainer detected: a single-device strategy has none, and only the
-    Trainer's accelerator connector keeps it."""
+    """The detected cluster environment: a single-device strategy has none, only the accelerator
+    connector keeps it."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     return environment if environment is not None else trainer._accelerator_connector.cluster_environment
 
 
 def last_global_step_saved(callback: ModelCheckpoint) -> int:
-    """The global step at which a ModelCheckpoint last saved (0 before any): the check Lightning's own
-    callback uses to skip saving twice at one step. Its public paths say what it saved, not when."""
+    """The global step at which a ModelCheckpoint last saved (0 before any), as Lightning's own check
+    against saving twice at one step; its public paths say what it saved, not when."""
     return callback._last_global_step_saved
 
 
@@ -93,7 +86,7 @@ def wandb_run_started(logger: Any) -> bool:
 
 
 def hydra_job_callbacks(cfg: Any) -> Any:
-    """The ``hydra.callbacks`` of ``cfg`` as Hydra calls them around a job: Hydra's public ``run_job``
+    """The ``hydra.callbacks`` of ``cfg`` as Hydra calls them around a job: its public ``run_job``
     wants them, and Hydra exports no public constructor for them."""
     from hydra._internal.callbacks import Callbacks
 

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.cli import evaluate, quiet, train
-from litlab.cli.paths import check_pasted_paths
+from litlab.cli.preflight import check_pasted_paths
 from tests.conftest import config_groups, option_names
 
 

@@ -61,7 +61,7 @@ def version(room: Path, *overrides: str):
 
 
 def test_the_users_code_the_run_imports_and_the_config_files_that_composed_it_are_hashed(room):
-    assert sorted(version(room).files) == [
+    assert sorted(version(room)["files"]) == [
         "configs/callbacks/default.yaml",
         "configs/callbacks/extra.yaml",  # named by a defaults list, not a group choice
         "configs/local/default.yaml",
@@ -78,16 +78,16 @@ def test_the_users_code_the_run_imports_and_the_config_files_that_composed_it_ar
 
 def test_an_edit_to_the_users_code_or_configs_changes_the_fingerprint_and_names_the_file(room):
     before = version(room)
-    assert version(room) == before and version(room).fingerprint == before.fingerprint  # stable
+    assert version(room) == before and version(room)["fingerprint"] == before["fingerprint"]  # stable
     for name in ("mypkg/helpers.py", "configs/model/tiny.yaml", "configs/local/default.yaml"):
         (room / name).write_text((room / name).read_text() + "# edited\n")
         after = version(room)
-        assert after.fingerprint != before.fingerprint, name
-        assert {n for n in after.files if after.files[n] != before.files[n]} == {name}
+        assert after["fingerprint"] != before["fingerprint"], name
+        assert {n for n in after["files"] if after["files"][n] != before["files"][n]} == {name}
         before = after
     (room / "mypkg" / "added.py").write_text("X = 1\n")
     (room / "mypkg" / "helpers.py").write_text("from mypkg.added import X\nTWO = 2\n")
-    assert "mypkg/added.py" in version(room).files
+    assert "mypkg/added.py" in version(room)["files"]
 
 
 def test_files_no_part_of_the_run_imports_leave_the_fingerprint_alone(room):
@@ -101,15 +101,15 @@ def test_files_no_part_of_the_run_imports_leave_the_fingerprint_alone(room):
     (room / "configs" / "model" / "table.yaml").write_text("_target_: mypkg.tabular.module.Table\n")
     (room / "mypkg" / "unused.py").write_text("import mypkg.model\n# edited\n")
     assert version(room) == before
-    assert "mypkg/tabular/module.py" in version(room, "model=table").files
+    assert "mypkg/tabular/module.py" in version(room, "model=table")["files"]
 
 
 def test_files_that_did_not_compose_the_run_leave_the_fingerprint_alone(room):
-    before = version(room).fingerprint
+    before = version(room)["fingerprint"]
     (room / "configs/model/other.yaml").write_text("_target_: mypkg.model.Tiny\nwidth: 7\n")
     (room / "configs/storage/local.yaml").write_text("root: /elsewhere\n")
-    assert version(room).fingerprint == before
-    assert version(room, "model=other").fingerprint != before  # chosen now
+    assert version(room)["fingerprint"] == before
+    assert version(room, "model=other")["fingerprint"] != before  # chosen now
 
 
 def test_the_fingerprint_does_not_depend_on_where_the_checkout_is(room, tmp_path_factory, monkeypatch):
@@ -117,9 +117,9 @@ def test_the_fingerprint_does_not_depend_on_where_the_checkout_is(room, tmp_path
     for name, text in FILES.items():
         (elsewhere / name).parent.mkdir(parents=True, exist_ok=True)
         (elsewhere / name).write_text(text)
-    first = version(room).fingerprint
+    first = version(room)["fingerprint"]
     monkeypatch.syspath_prepend(str(elsewhere))
-    assert version(elsewhere).fingerprint == first
+    assert version(elsewhere)["fingerprint"] == first
 
 
 def quick_run(tmp_path: Path, *overrides: str) -> list[str]:
@@ -186,7 +186,7 @@ def test_a_sweep_starts_a_completed_job_again_once_its_code_changed(tmp_path, mo
     task_cfg = task_config(config)
     storage = RunStorage(str(root), run_identity(task_cfg))
     storage.prepare()
-    code = code_version(task_cfg, config.hydra).record()
+    code = code_version(task_cfg, config.hydra)
     resume.record_start(storage, resume.Decision(code=code), tmp_path / "job")
     storage.write_text("summary.json", json.dumps({"status": "completed", "run_name": storage.identity}))
     summary = DevicePoolLauncher._completed(task_cfg, config.hydra, run_identity(task_cfg))
@@ -211,7 +211,7 @@ def test_a_sweep_starts_a_completed_job_again_under_its_name_once_its_settings_c
     storage = RunStorage(str(root), "exp_fp32")
     storage.prepare()
     code = {
-        **code_version(task_cfg, config.hydra).record(),
+        **code_version(task_cfg, config.hydra),
         "settings": settings_fingerprint(run_settings(task_cfg)),
     }
     resume.record_start(storage, resume.Decision(code=code), tmp_path / "job")

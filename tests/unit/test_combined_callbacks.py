@@ -11,8 +11,8 @@ from lightning.pytorch.callbacks.progress import TQDMProgressBar
 
 from litlab.callbacks.combined import HOOKS, CombinedCallbacks, combinable, combine, parts_of
 from litlab.callbacks.progress import PlainProgress
-from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
+from litlab.data.tensor_batches import ReseedEveryStep
 from litlab.run.build import NoProfiler
 from litlab.run.hangs import HeartbeatAfterYourCallbacks
 

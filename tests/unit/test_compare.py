@@ -222,3 +222,24 @@ def test_runs_of_a_module_that_logs_no_metric_report_without_a_metric_column(tmp
     ), header
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "val/acc" not in markdown and "None" not in markdown
+
+
+def test_report_csv_keeps_its_columns_in_their_order(tmp_path):
+    """report.csv's columns are a row's fields in the order compare.py builds them: a spreadsheet or
+    script that reads them by position must not see them move."""
+    for job, precision in enumerate(("fp32", "bf16")):
+        write_job(tmp_path / "sweep", job, precision=precision, samples_per_second=900.0 + 100 * job)
+    report_runs([tmp_path / "sweep"], tmp_path / "out")
+    header = (tmp_path / "out" / "report.csv").read_text().splitlines()[0]
+    assert header == (
+        "run,status,differs,n,seeds,precision,precision_requested,precision_effective,"
+        "accumulate_grad_batches,devices,num_nodes,micro_batch_size,effective_batch_size,"
+        "samples_per_second,samples_per_second_ci95_low,samples_per_second_ci95_high,"
+        "tokens_per_second,tokens_per_second_ci95_low,tokens_per_second_ci95_high,"
+        "timings,timed_by,seconds_per_epoch,memory_kind,peak_memory_mib,"
+        "peak_memory_mib_ci95_low,peak_memory_mib_ci95_high,val/acc,val/acc_ci95_low,"
+        "val/acc_ci95_high,test/acc,speed_up,speed_up_p_value,speed_up_significant,"
+        "timed_apart,memory_ratio,delta_val/acc,delta_val/acc_p_value,delta_val/acc_significant,"
+        "seconds_to_baseline_val/acc,baseline,is_baseline,pruned_epoch,shared_node,"
+        "resumed_across,diagnosis,error,run_dir"
+    )

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from litlab.cli.flags import multirun_flag_first
+from litlab.cli.preflight import multirun_flag_first
 from litlab.heartbeat import (
     CHECKPOINT,
     DATA,

@@ -151,7 +151,7 @@ def test_the_t_quantiles_and_distribution_used_here_are_the_textbook_ones():
 def test_seed_repeats_are_one_row_per_configuration_with_mean_and_95_percent_interval(tmp_path):
     seed_grid(tmp_path)
     report = build_report(collect_runs([tmp_path]))
-    assert report.swept_keys == ["precision"] and report.repeat_key == "seed"
+    assert report.swept_keys == ["precision"]
     fp32, bf16 = report.rows
     assert (fp32["run"], bf16["run"]) == ("#0, #2, #4", "#1, #3, #5")
     assert (fp32["n"], fp32["seeds"], bf16["n"], bf16["seeds"]) == (3, [1, 2, 3], 3, [1, 2, 3])

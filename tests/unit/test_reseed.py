@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.data import TensorBatches, WholeGlobalBatches
+from litlab.data.tensor_batches import ReseedEveryStep
 
 ACCUMULATION, MICRO_BATCH = 4, 2
 SAMPLES = torch.randn(53, 32)  # 6 whole global batches of 8 an epoch, and 5 samples left over

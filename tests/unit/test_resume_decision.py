@@ -379,7 +379,7 @@ def test_a_fresh_run_keeps_its_own_tensorboard_dir(storage, tmp_path):
     assert decision.tensorboard_dir == tmp_path / "own"
 
 
-# --- a code change is a new run (litlab.config.identity.CodeVersion records, as prepare_run passes them) --
+# --- a code change is a new run (litlab.config.identity.code_version records, as prepare_run passes them) --
 
 CODE_A = {"fingerprint": "a" * 40, "files": {"project/module.py": "1", "configs/model/cnn.yaml": "1"}}
 CODE_B = {"fingerprint": "b" * 40, "files": {"project/module.py": "2", "configs/model/cnn.yaml": "1"}}

@@ -1,8 +1,5 @@
-"""The callbacks litlab builds, run by Lightning as one: its per-hook hand-over paid once.
-
-Lightning hands every hook to every callback; ``CombinedCallbacks`` hands each hook only to the parts
-that define it, in their order (what it saves: docs/performance.md). Your own callbacks, the kinds
-Lightning looks for by type, and those that must run after yours where you have any, stay separate.
+"""The callbacks litlab builds, run by Lightning as one: Lightning hands every hook to every callback,
+``CombinedCallbacks`` only to the parts that define it (what it saves: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ def parts_of(callbacks: Sequence[Callback]) -> list[Callback]:
 
 
 class CombinedCallbacks(Callback):
-    """Callbacks as one: each hook reaches the parts that define it, in their order; the parts' states
-    are kept under their own state keys, inside this callback's."""
+    """Callbacks as one; the parts' states are kept under their own state keys, inside this one's."""
 
     def __init__(self, parts: Sequence[Callback]) -> None:
         self.parts = list(parts)

@@ -1,7 +1,5 @@
-"""Exact resume needs a train loader that restores its position: ``ResumableLoaderCheck`` says if it does.
-
-A loader without ``state_dict``/``load_state_dict`` restarts its epoch on resume: the run warns once
-and summary.json says ``resume_exact: false``.
+"""Exact resume needs a train loader that restores its position: ``ResumableLoaderCheck`` says if it does;
+where it does not, the run warns once and summary.json says ``resume_exact: false``.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ from litlab.errors import LitlabError
 log = logging.getLogger("litlab")
 
 
-def _restores_position(loader: Any) -> bool:
-    """Whether Lightning can save and restore this loader's position (its ``_Stateful`` check)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None)
-    )
+def _restores_position(loader: Any) -> bool:  # Lightning's _Stateful check
+    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
 def _takes_position_at_first_batch(loader: Any) -> bool:

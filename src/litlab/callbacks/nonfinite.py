@@ -1,8 +1,5 @@
-"""A non-finite (nan/inf) training loss: stop the run naming the step, or skip that optimizer step.
-
-``NonFiniteLossGuard`` checks each step's losses and gradients before the optimizer step, so a bad
-step never reaches the weights (batch-norm statistics are put back too) and the last checkpoint stays
-the last good one. Lightning has no such callback since ``terminate_on_nan`` was removed.
+"""A non-finite (nan/inf) training loss or gradient: stop the run naming the step, or skip that optimizer
+step, before it reaches the weights. Lightning has no such callback since ``terminate_on_nan`` was removed.
 """
 
 from __future__ import annotations
@@ -28,12 +25,11 @@ class NonFiniteLoss(LitlabError):
 
 
 class NonFiniteLossGuard(Callback):
-    """``action="fail"`` raises NonFiniteLoss; ``action="skip"`` drops the optimizer step (its
-    gradients are set to None, which torch optimizers skip) and counts it.
-
-    Under DDP every rank takes the same decision (one boolean all-reduce per optimizer step), so no
-    rank waits forever for one that stopped. With fp16's gradient scaler, inf gradients are the
-    scaler's business (it skips those steps itself), so only the loss is checked.
+    """``action="fail"`` raises NonFiniteLoss, the last checkpoint being the last good one; ``"skip"``
+    drops the optimizer step (gradients set to None, which torch optimizers skip) and counts it. Either
+    way batch-norm statistics are put back. Under DDP every rank takes the same decision (one boolean
+    all-reduce per optimizer step), so no rank waits forever for one that stopped. With fp16's gradient
+    scaler, inf gradients are the scaler's business (it skips those steps itself): only the loss is checked.
     """
 
     def __init__(self, action: str = "fail") -> None:
@@ -65,7 +61,9 @@ class NonFiniteLossGuard(Callback):
         if not trainer.strategy.reduce_boolean_decision(problem is not None, all=False):
             return
         problem = problem or "loss or gradient of another rank is not finite"
-        self._restore_buffers()
+        if self._buffers:  # undo what the bad step's forward passes did to batch-norm statistics
+            with torch.no_grad():
+                foreach_copy_(self._buffers, self._saved)
         step = trainer.global_step
         where = f"global step {step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if self.action == "skip":
@@ -103,12 +101,6 @@ class NonFiniteLossGuard(Callback):
         norm = torch.linalg.vector_norm(norms)
         loss = f" while the loss ({losses.sum().item():.3g}) is finite" if losses is not None else ""
         return f"gradient norm is {norm.item()}{loss}"
-
-    def _restore_buffers(self) -> None:
-        """Undo what the bad step's forward passes did to batch-norm running statistics."""
-        if self._buffers:
-            with torch.no_grad():
-                foreach_copy_(self._buffers, self._saved)
 
 
 def _cures(trainer: L.Trainer) -> str:

@@ -35,7 +35,10 @@ class PlainProgress(ProgressBar):
     def _line(self, trainer: L.Trainer, prefix: str) -> None:
         if not (self._enabled and trainer.is_global_zero):
             return
-        metrics = {**trainer.progress_bar_metrics, **_floats(trainer.callback_metrics)}
+        metrics = dict(trainer.progress_bar_metrics)
+        for name, value in trainer.callback_metrics.items():
+            if getattr(value, "numel", lambda: 1)() == 1:
+                metrics[name] = float(value)
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if "/" in k)
         log.info("%s %s", prefix, shown)
 
@@ -55,7 +58,3 @@ class PlainProgress(ProgressBar):
 
     def on_test_end(self, trainer, pl_module) -> None:
         self._line(trainer, "test:")
-
-
-def _floats(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

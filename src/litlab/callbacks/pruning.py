@@ -1,10 +1,6 @@
-"""``TrialPruning``: an Optuna trial that is going nowhere stops after the validation that shows it.
-
-Added to a run whose process has ``LITLAB_OPTUNA_TRIAL`` (set by ``litlab.launch.search``): global rank
-0 reports ``optimized_metric`` after every validation and broadcasts the pruner's decision, so every
-rank stops together (summary.json ``status: pruned``, exit 0). A database that does not answer (a
-restart, an outage) warns once; the run trains on and reports again at its next validation.
-"""
+"""``TrialPruning``: an Optuna trial that is going nowhere stops after the validation that shows it
+(summary.json ``status: pruned``, exit 0); added where ``LITLAB_OPTUNA_TRIAL`` is set (by
+``litlab.launch.search``)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,10 @@ log = logging.getLogger("litlab")
 
 
 class TrialPruning(Callback):
-    """Reports ``metric`` to an Optuna trial after every validation and stops the run when its pruner
-    says so (``run.extra["pruned_epoch"]`` then tells ``litlab.run.lifecycle`` the run was pruned)."""
+    """Global rank 0 reports ``metric`` to the trial after every validation and broadcasts its pruner's
+    decision, so every rank stops together (``run.extra["pruned_epoch"]`` then tells
+    ``litlab.run.lifecycle`` the run was pruned). A database that does not answer (a restart, an outage)
+    warns once; the run trains on and reports again at its next validation."""
 
     def __init__(self, metric: str, spec: dict[str, Any], run: Any) -> None:  # run: litlab.run.lifecycle.Run
         self.metric = metric

@@ -1,12 +1,7 @@
-"""``RunStats``: what a run measures while it trains, each training batch timed and counted once.
-
-- ``stats``: steady-state samples/s (and tokens/s), seconds per epoch, peak memory of every rank;
-- ``history``: a per-epoch record (step, training seconds and samples so far, mean loss, loss spikes,
-  logged metrics), part of every checkpoint so that a resumed run continues it;
-- ``input_wait``: how much of a step is spent waiting for the next batch (the doctor's check).
-
-Samples in a batch: Lightning's ``extract_batch_size``, unless your LightningModule defines
-``batch_samples(batch) -> int``; tokens only when it defines ``batch_tokens(batch) -> int``.
+"""``RunStats``: what a run measures while it trains, each training batch timed and counted once:
+throughput, seconds per epoch and peak memory (``stats``), a per-epoch ``history`` that every checkpoint
+carries, and the share of a step spent waiting for input (docs/runs.md). Samples and tokens in a batch:
+``batch_samples``/``batch_tokens`` of your module, else Lightning's ``extract_batch_size`` (docs/contract.md).
 """
 
 from __future__ import annotations
@@ -39,11 +34,6 @@ _WAIT_WARMUP_BATCHES = 3  # batches before the input wait is measured
 def throughput_monitor(window_size: int = 20) -> ThroughputMonitor:
     """Lightning's ThroughputMonitor, counting samples as RunStats does by default."""
     return ThroughputMonitor(batch_size_fn=extract_batch_size, window_size=window_size)
-
-
-def _batch_samples(pl_module: L.LightningModule, batch: Any) -> int:
-    count = getattr(pl_module, "batch_samples", None)
-    return int(count(batch)) if callable(count) else extract_batch_size(batch)
 
 
 def _torch_flags() -> dict[str, Any]:
@@ -100,10 +90,11 @@ class RunStats(Callback):
         self._step_samples = self._step_tokens = 0  # timed, in the optimizer step under way
         self._seconds = 0.0
         self._window_start: float | None = None
+        self._count_samples: Any = extract_batch_size  # or the module's batch_samples
         self._count_tokens: Any = None  # the module's batch_tokens, if it has one
         self._skips = skips  # NonFiniteLossGuard's report: its skipped steps took time but trained nothing
         self._skips_seen = 0
-        self._epoch_start: float | None = None
+        self._epoch_start: float | None = None  # None in the epoch a resumed fit joins mid-way
         self._epoch_seconds: list[float] = []
         # Input wait: from one batch's end to the next one's start, across neither validation nor epochs.
         self._wait_s = self._busy_s = 0.0
@@ -128,8 +119,9 @@ class RunStats(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.torch_flags = _torch_flags()  # as while training: Lightning sets some around fit
-        count = getattr(pl_module, "batch_tokens", None)
-        self._count_tokens = count if callable(count) else None
+        samples, tokens = getattr(pl_module, "batch_samples", None), getattr(pl_module, "batch_tokens", None)
+        self._count_samples = samples if callable(samples) else extract_batch_size
+        self._count_tokens = tokens if callable(tokens) else None
         self._skips_seen = self._skips["skipped_steps"] if self._skips else 0
         self._step = self._first_step = trainer.global_step
         self._started = time.perf_counter()
@@ -166,7 +158,7 @@ class RunStats(Callback):
         if self._batches >= _WAIT_WARMUP_BATCHES:
             self._busy_s += now - self._batch_start
         self._batches += 1
-        samples = _batch_samples(pl_module, batch) * trainer.world_size
+        samples = int(self._count_samples(batch)) * trainer.world_size
         self._all_samples += samples
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -196,7 +188,7 @@ class RunStats(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close_window(trainer)
-        if self._epoch_start is not None:
+        if self._epoch_start is not None:  # Lightning starts no epoch that a resumed fit joins
             self._epoch_seconds.append(self._now(trainer) - self._epoch_start)
         self._last_end = None
         # Metrics that the module logs in its own on_train_epoch_end arrive after this hook (Lightning
@@ -267,7 +259,7 @@ class RunStats(Callback):
         return self._earlier_seconds + running
 
     def _complete_pending(self) -> None:
-        if self._pending is None or self._trainer is None:
+        if self._pending is None:
             return
         entry, self._pending = self._pending, None
         if self._validated:  # otherwise the validation metrics are an earlier epoch's

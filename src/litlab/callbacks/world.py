@@ -28,17 +28,19 @@ class WorldCheck(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A process group of another size is known before the first step: fail now, not after training.
-        if process_group_size() != trainer.world_size:
-            self._check(trainer, [trainer.global_step])
+        members = process_group_size()
+        if members != trainer.world_size:
+            self._check(trainer, members, [trainer.global_step])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        members = process_group_size()
         steps = torch.tensor([trainer.global_step], device=trainer.strategy.root_device)
-        if process_group_size() > 1:
+        if members > 1:
             steps = trainer.strategy.all_gather(steps)  # every member takes part, so none waits
-        self._check(trainer, [int(s) for s in steps.reshape(-1).tolist()])
+        self._check(trainer, members, [int(s) for s in steps.reshape(-1).tolist()])
 
-    def _check(self, trainer: L.Trainer, steps_per_rank: list[int]) -> None:
-        expected, members = trainer.world_size, process_group_size()
+    def _check(self, trainer: L.Trainer, members: int, steps_per_rank: list[int]) -> None:
+        expected = trainer.world_size
         self.report.update(
             configured_world_size=expected,
             process_group_size=members,

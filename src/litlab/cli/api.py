@@ -21,10 +21,7 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
 from litlab import garbage_collection
-from litlab.cli import quiet
-from litlab.cli.flags import multirun_flag_first
-from litlab.cli.paths import check_pasted_paths
-from litlab.cli.preflight import check_or_exit, checked_config, sweep_overrides
+from litlab.cli import preflight, quiet
 from litlab.config.identity import one_start
 from litlab.config.preflight import CONFIG_DIR
 from litlab.config.rules import ConfigError, device_count
@@ -38,8 +35,8 @@ def start(config_name: str, main: Callable[..., Any]) -> None:
     """``litlab-<config_name>``: check the command line's config and run ``main`` (a ``@hydra.main``) on
     it as Hydra's single run; ``main()`` itself for Hydra's own flags and a sweep."""
     quiet.drop_known_noise()  # Lightning's tips and known third-party deprecations, exactly
-    sys.argv[1:] = multirun_flag_first(sys.argv[1:])  # -m where the user typed it: Hydra wants it first
-    check_pasted_paths(sys.argv[1:])  # a path Hydra cannot parse: how to quote it
+    sys.argv[1:] = preflight.multirun_flag_first(sys.argv[1:])  # -m where typed: Hydra wants it first
+    preflight.check_pasted_paths(sys.argv[1:])  # a path Hydra cannot parse: how to quote it
     try:
         with one_start():  # the preflight and the run compute each thing once
             checked = _config_to_run(config_name, sys.argv[1:])
@@ -60,14 +57,14 @@ def _config_to_run(config_name: str, args: list[str]) -> DictConfig | None:
     # alone is also torchrun's; rank 0's own LOCAL_RANK=0 reaches any command it starts). Not its children's.
     checked_by = os.environ.pop(_CHECKED_ENV, None)
     lightning_rank = checked_by == str(os.getppid()) and os.environ.get("LOCAL_RANK", "0") != "0"
-    return check_or_exit(config_name, args, check=not (sweep_job or lightning_rank))
+    return preflight.check_or_exit(config_name, args, check=not (sweep_job or lightning_rank))
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """configs/train.yaml with ``overrides`` (``["model=mlp", "trainer.max_epochs=3"]``), with its
     ``hydra`` node, checked as ``litlab-train`` checks it. Raises ConfigError: the command's one line."""
-    sweep = sweep_overrides(list(overrides))
-    cfg = None if sweep else checked_config("train", list(overrides))
+    sweep = preflight.sweep_overrides(list(overrides))
+    cfg = None if sweep else preflight.checked_config("train", list(overrides))
     if sweep or cfg.hydra.mode == RunMode.MULTIRUN:  # a comma list, or a sweep file
         raise ConfigError(
             f"{' '.join(overrides)} is a sweep: litlab.train trains one run; run a sweep with litlab-train -m"
@@ -81,20 +78,17 @@ def train(config: Sequence[str] | DictConfig = ()) -> dict[str, Any]:
     config, LitlabError for a run that stopped. Several devices: ``strategy=ddp_notebook`` forks their
     ranks from this process; other strategies need ``litlab-train`` (docs/launch.md)."""
     with one_start():  # compose's checks and the run compute each thing once
-        return _train(config)
-
-
-def _train(config: Sequence[str] | DictConfig) -> dict[str, Any]:
-    cfg = config if isinstance(config, DictConfig) else compose(config)
-    devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
-    forked = cfg.strategy.get("start_method") == "fork"  # Lightning forks the ranks from this process
-    if nodes > 1 or ((devices or 1) > 1 and not forked):
-        raise ConfigError(
-            f"trainer.devices={cfg.trainer.devices} trainer.num_nodes={nodes} strategy={cfg.strategy.name}: "
-            "litlab.train trains in this process; several devices of this machine need strategy=ddp_notebook "
-            "(ranks forked from it), several machines litlab-train (docs/launch.md)"
-        )
-    job = _run_job(cfg, train_run, one_line_exit=False)
+        cfg = config if isinstance(config, DictConfig) else compose(config)
+        devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
+        forked = cfg.strategy.get("start_method") == "fork"  # Lightning forks the ranks from this process
+        if nodes > 1 or ((devices or 1) > 1 and not forked):
+            raise ConfigError(
+                f"trainer.devices={cfg.trainer.devices} trainer.num_nodes={nodes} "
+                f"strategy={cfg.strategy.name}: litlab.train trains in this process; several devices of "
+                "this machine need strategy=ddp_notebook (ranks forked from it), several machines "
+                "litlab-train (docs/launch.md)"
+            )
+        job = _run_job(cfg, train_run, one_line_exit=False)
     summary = Path(job.hydra_cfg.hydra.runtime.output_dir) / "summary.json"
     return json.loads(summary.read_text()) if summary.is_file() else {}
 

@@ -1,11 +1,11 @@
-"""``litlab-compare``: one table and one picture from the summary.json files of runs and sweeps.
+"""Compare runs: report.md, report.csv and report.png from their summary.json files (docs/sweeps.md).
+Runs that differ only in their seed are one row, with the mean and 95% confidence interval of each
+figure and Welch's t-test against the baseline. Exits 1 after the report when a row did not complete,
+2 on bad input (one "litlab: error:" line, no report).
 
     litlab-compare logs/train/multiruns/2026-12-01_10-00-00_1a2b3c      # rebuild a sweep's report
     litlab-compare SWEEP_A SWEEP_B RUN_DIR --out comparison/             # runs made at different times
     litlab-compare SWEEP --baseline "precision=bf16 trainer.accumulate_grad_batches=1" --metric val/loss:min
-
-Writes report.md, report.csv and report.png (``litlab.report``, docs/sweeps.md); exits 1 after it
-when a row did not complete, 2 on bad input (one ``litlab: error:`` line, no report).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``litlab-compare``."""
     parser = argparse.ArgumentParser(
         prog="litlab-compare",
-        description="Compare runs: report.md, report.csv and report.png from their summary.json files. "
-        "Runs that differ only in their seed are one row, with the mean and 95% confidence interval "
-        "of each figure and Welch's t-test against the baseline.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", type=Path, help="sweep directories and/or run directories")
     parser.add_argument(

@@ -6,6 +6,7 @@ rebuilds it the same way), weights loaded with ``weights_only=True``; writes ``e
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 from collections.abc import Iterator
@@ -25,32 +26,8 @@ schema.register()
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 def evaluate(cfg: DictConfig) -> float | None:
-    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
-    import json
-    import logging
-
-    import lightning as L
-    from hydra.core.hydra_config import HydraConfig
-
-    from litlab.callbacks.progress import progress_bar
-    from litlab.logs import route_lightning_logs_to_root
-    from litlab.run.ending import one_line_errors
-
-    log = logging.getLogger("litlab")
-    route_lightning_logs_to_root()
-    quiet.drop_known_noise()
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Not a checkpoint, another model's, no such GPU: one line, no traceback, no run directory left.
-    with no_run_dir_after_bad_input(run_dir), one_line_errors():
-        stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
-        trainer = L.Trainer(
-            accelerator=cfg.accelerator,
-            devices=cfg.devices,
-            precision=train_cfg.precision.value,
-            logger=False,
-            callbacks=[progress_bar()],
-            default_root_dir=str(run_dir),
-        )
+    with rebuilt_checkpoint(cfg) as (run_dir, stored, train_cfg, data, module):
+        trainer = checkpoint_trainer(cfg, train_cfg, run_dir)
         with weights_that_fit(cfg.ckpt_path, stored):
             trainer.test(module, datamodule=data, ckpt_path=cfg.ckpt_path, weights_only=True, verbose=False)
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
@@ -60,33 +37,61 @@ def evaluate(cfg: DictConfig) -> float | None:
     tested = "test/" + optimized.split("/", 1)[-1]
     shown = sorted(metrics, key=lambda name: (name != tested, name))  # the optimized metric's twin first
     values = ", ".join(f"{name} = {metrics[name]:.4g}" for name in shown) or "no test metrics logged"
-    log.info("%s; eval: %s", values, run_dir / "eval.json")
+    logging.getLogger("litlab").info("%s; eval: %s", values, run_dir / "eval.json")
     return metrics.get(tested)
 
 
-def rebuild_from_checkpoint(cfg: DictConfig) -> tuple[dict, DictConfig, Any, Any]:
-    """(stored run record, run config, datamodule, module without weights) of ``cfg.ckpt_path``, with
-    ``cfg.data`` where given; LitlabError for a file that is not a litlab checkpoint."""
+@contextlib.contextmanager
+def rebuilt_checkpoint(cfg: DictConfig) -> Iterator[tuple[Path, dict, DictConfig, Any, Any]]:
+    """(run directory, stored run record, run config, datamodule, module without weights) of
+    ``cfg.ckpt_path``, with ``cfg.data`` where given. Bad input in the block (not a checkpoint, another
+    model's, no such GPU) ends the command with one line, no traceback, no run directory left."""
+    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
+    from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     from litlab.config.redact import unresolvable
     from litlab.errors import LitlabError, check_gpus_available
+    from litlab.logs import route_lightning_logs_to_root
     from litlab.run.build import build_datamodule, build_module
+    from litlab.run.ending import one_line_errors
     from litlab.storage.checkpoints import RUN_CONFIG_KEY, read_run_checkpoint
 
-    stored = read_run_checkpoint(cfg.ckpt_path)[RUN_CONFIG_KEY]
-    train_cfg = OmegaConf.create(stored["config"])
-    if cfg.get("data") is not None:  # data=NAME: other data than the run's, resolved in this config
-        train_cfg.data = OmegaConf.to_container(cfg.data, resolve=True)
-    # A checkpoint stores values from the environment as their interpolations (litlab.config.redact):
-    # they resolve here, from this process's environment; one line names any that cannot.
-    problem = unresolvable(train_cfg, ("data", "model", "precision"))
-    if problem is not None:
-        raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
-    data = build_datamodule(train_cfg, train_cfg.data.get("batch_size"))
-    module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
-    check_gpus_available(cfg, prefix="")
-    return stored, train_cfg, data, module
+    route_lightning_logs_to_root()
+    quiet.drop_known_noise()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with _no_run_dir_after_bad_input(run_dir), one_line_errors():
+        stored = read_run_checkpoint(cfg.ckpt_path)[RUN_CONFIG_KEY]
+        train_cfg = OmegaConf.create(stored["config"])
+        if cfg.get("data") is not None:  # data=NAME: other data than the run's, resolved in this config
+            train_cfg.data = OmegaConf.to_container(cfg.data, resolve=True)
+        # A checkpoint stores values from the environment as their interpolations (litlab.config.redact):
+        # they resolve here, from this process's environment; one line names any that cannot.
+        problem = unresolvable(train_cfg, ("data", "model", "precision"))
+        if problem is not None:
+            raise LitlabError(f"ckpt_path={cfg.ckpt_path}: {problem}")
+        data = build_datamodule(train_cfg, train_cfg.data.get("batch_size"))
+        module = build_module(OmegaConf.merge(train_cfg, {"compile": False}))
+        check_gpus_available(cfg, prefix="")
+        yield run_dir, stored, train_cfg, data, module
+
+
+def checkpoint_trainer(cfg: DictConfig, train_cfg: DictConfig, run_dir: Path, *callbacks: Any) -> Any:
+    """The Trainer that tests or predicts: where ``cfg`` says, at the run's precision, with no logger."""
+    import lightning as L
+
+    from litlab.callbacks.progress import progress_bar
+
+    return L.Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        strategy=cfg.get("strategy", "auto"),  # litlab-predict's settings
+        num_nodes=cfg.get("num_nodes", 1),
+        precision=train_cfg.precision.value,
+        logger=False,
+        callbacks=[progress_bar(), *callbacks],
+        default_root_dir=str(run_dir),
+    )
 
 
 @contextlib.contextmanager
@@ -117,7 +122,7 @@ def weights_that_fit(ckpt_path: str, stored: dict, other_data: str | None = None
 
 
 @contextlib.contextmanager
-def no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
+def _no_run_dir_after_bad_input(run_dir: Path) -> Iterator[None]:
     """Bad input (exit 2) leaves nothing behind, as in preflight: the run directory Hydra made goes,
     with its parents where that leaves them empty."""
     try:

@@ -8,15 +8,13 @@ The checkpoint is rebuilt as ``litlab-eval`` rebuilds it; ``trainer.predict`` ru
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-from litlab.cli import quiet
 from litlab.cli.api import start
-from litlab.cli.evaluate import no_run_dir_after_bad_input, rebuild_from_checkpoint, weights_that_fit
+from litlab.cli.evaluate import checkpoint_trainer, rebuilt_checkpoint, weights_that_fit
 from litlab.config import schema
 from litlab.config.preflight import CONFIG_DIR
 from litlab.errors import LitlabError, first_line
@@ -28,38 +26,18 @@ log = logging.getLogger("litlab")
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="predict")
 def predict(cfg: DictConfig) -> None:
-    # Imported here, not at the top: a bad config must fail before torch and Lightning load.
     import warnings
 
-    import lightning as L
     from hydra.core.hydra_config import HydraConfig
 
     from litlab.callbacks.prediction_files import PredictionFiles
-    from litlab.callbacks.progress import progress_bar
-    from litlab.logs import route_lightning_logs_to_root
-    from litlab.run.ending import one_line_errors
 
-    route_lightning_logs_to_root()
-    quiet.drop_known_noise()
     # PredictionFiles asks loaders that are not DataLoaders for their indices (TensorBatches can say).
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader")
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Not a checkpoint, another model's, no data to predict: one line, no run directory left.
-    with no_run_dir_after_bad_input(run_dir), one_line_errors():
-        stored, train_cfg, data, module = rebuild_from_checkpoint(cfg)
+    with rebuilt_checkpoint(cfg) as (run_dir, stored, train_cfg, data, module):
         split = _use_test_split_without_predict_dataloader(data)
         _forward_without_predict_step(module)
-        writer = PredictionFiles(run_dir, split)
-        trainer = L.Trainer(
-            accelerator=cfg.accelerator,
-            devices=cfg.devices,
-            strategy=cfg.strategy,
-            num_nodes=cfg.num_nodes,
-            precision=train_cfg.precision.value,
-            logger=False,
-            callbacks=[progress_bar(), writer],
-            default_root_dir=str(run_dir),
-        )
+        trainer = checkpoint_trainer(cfg, train_cfg, run_dir, PredictionFiles(run_dir, split))
         # data=NAME of another task: the module fails in setup or predict_step, said in one line.
         other_data = HydraConfig.get().runtime.choices.get("data") if cfg.get("data") is not None else None
         with weights_that_fit(cfg.ckpt_path, stored, other_data):

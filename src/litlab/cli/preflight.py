@@ -1,16 +1,17 @@
-"""Check a command line's config before Hydra starts the run: no run directory until it is right.
+"""The command line's preflight, before Hydra starts the run: no run directory until it is right.
 
-``check_or_exit`` composes the config once and turns any problem into one ``litlab: error:`` line,
-exit 2: composition, the schema, every ``_target_``'s signature and the rules (no torch import); the
-storage root, ``resume=PATH`` and the run's lock; the datamodule and optimizer, built on the side. A
-sweep is only composed here: its sweeper checks each job (``litlab.launch.multirun.plan_job``).
-``HYDRA_FULL_ERROR=1`` raises the error, with its traceback, instead.
+``check_or_exit`` composes the config once and turns any problem (composition, schema, signatures, rules:
+no torch import; storage, ``resume=PATH``, the run's lock; the datamodule and optimizer built on the side)
+into one ``litlab: error:`` line, exit 2, or with ``HYDRA_FULL_ERROR=1`` its traceback. A sweep is only
+composed here: its sweeper checks each job (``litlab.launch.multirun.plan_job``).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from collections.abc import Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -25,7 +26,6 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from litlab.cli.flags import MULTIRUN_FLAGS
 from litlab.config import rules, schema, signatures
 from litlab.config.identity import once, run_identity
 from litlab.config.preflight import (
@@ -38,12 +38,49 @@ from litlab.errors import EXIT_REFUSED, error_line, first_line
 from litlab.logs import global_rank
 from litlab.storage import lock, roots
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+_PATH_KEYS = ("ckpt_path", "resume")
+
+
+def multirun_flag_first(args: list[str]) -> list[str]:
+    """``args`` with ``-m``/``--multirun`` first (once), as people type it where they think of it:
+    Hydra reads its flags before the overrides only (``litlab-train experiment=char_lm -m
+    precision=fp32,bf16`` fails with ``unrecognized arguments``)."""
+    flags = [arg for arg in args if arg in MULTIRUN_FLAGS]
+    if not flags:
+        return args
+    return [flags[0], *(arg for arg in args if arg not in MULTIRUN_FLAGS)]
+
+
+def check_pasted_paths(args: Sequence[str]) -> None:
+    """Exit 2 with one line on how to quote a ``ckpt_path=``/``resume=`` path that Hydra would misread
+    (``=``, brackets, quotes, ``~`` or a comma), before Hydra's own, longer error. The paths litlab
+    prints paste as they are."""
+    multirun = any(arg in MULTIRUN_FLAGS for arg in args)
+    for arg in args:
+        key, sep, path = arg.partition("=")
+        if not sep or key.lstrip("+") not in _PATH_KEYS:
+            continue
+        try:
+            override = OverridesParser.create().parse_override(arg)
+        except HydraException:
+            problem = "holds characters Hydra reads as override syntax"
+        else:
+            if multirun or not override.is_sweep_override():
+                continue
+            problem = "holds a comma, which Hydra reads as a sweep over several values"
+        escaped = path.replace("\\", "\\\\").replace('"', '\\"')  # as Hydra reads a quoted value
+        example = shlex.quote(f'{key.lstrip("+")}="{escaped}"')  # then quoted for a POSIX shell
+        message = f"{key}={path} {problem}: quote the path for Hydra and the shell, e.g. {example}"
+        print(error_line(message), file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+
 
 def check_or_exit(config_name: str, args: list[str], check: bool = True) -> DictConfig | None:
     """The config ``litlab-<config_name> ARGS`` runs, checked (only composed without ``check``), or exit
     2 with one line. None for a sweep (composed here, checked by its sweeper job by job) and where
     Hydra's own flags other than ``-m`` leave the config to Hydra (--cfg, --help, -cn...)."""
-    multirun = bool(args) and args[0] in MULTIRUN_FLAGS  # flags.multirun_flag_first put it there
+    multirun = bool(args) and args[0] in MULTIRUN_FLAGS  # multirun_flag_first put it there
     overrides = args[1:] if multirun else args
     if any(arg.startswith("-") for arg in overrides):
         return None
@@ -81,8 +118,10 @@ def checked_config(config_name: str, args: list[str]) -> DictConfig:
         raise rules.ConfigError(
             f"'{error.full_key}' has no value: set it, or choose an option of its group"
         ) from None
-    if config_name == "train":
-        _build_on_the_side(cfg)
+    if config_name == "train":  # the datamodule and the optimizer partial, built as the run will
+        from litlab.run.build import check_by_building  # loads torch and Lightning: not before a typo fails
+
+        check_by_building(cfg)  # after check_storage_and_resume gave Hydra's config to ${hydra:...}
     return cfg
 
 
@@ -123,17 +162,9 @@ def _parsed(args: list[str]) -> list:
         ) from None
 
 
-def _build_on_the_side(cfg: DictConfig) -> None:
-    """The datamodule and the optimizer partial built as the run will (``check_by_building``)."""
-    from litlab.run.build import check_by_building  # loads torch and Lightning: not before a typo fails
-
-    HydraConfig.instance().set_config(cfg)  # configs may use ${hydra:runtime.cwd} and the like
-    check_by_building(cfg)
-
-
 def check_storage_and_resume(cfg: DictConfig) -> None:
     """The storage root is usable and an explicit ``resume=PATH`` exists, before torch loads."""
-    HydraConfig.instance().set_config(cfg)
+    HydraConfig.instance().set_config(cfg)  # configs may use ${hydra:runtime.cwd} and the like
     try:
         storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue:

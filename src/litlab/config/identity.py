@@ -16,7 +16,6 @@ import re
 import site
 import sysconfig
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,7 +93,12 @@ def _settings(cfg: DictConfig, written: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(node, dict) and node:
             for name, value in node.items():
                 walk(value, f"{key}.{name}" if key else str(name))
-        elif _resolves_to_a_setting(node):
+        # An interpolation whose value is a setting: not a location, the environment, nor a whole node.
+        elif (
+            isinstance(node, str)
+            and "${" in node
+            and not (_KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node))
+        ):
             try:
                 value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
                 settings[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
@@ -106,12 +110,6 @@ def _settings(cfg: DictConfig, written: dict[str, Any]) -> dict[str, Any]:
     for name, value in written.items():
         walk(value, str(name))
     return dict(sorted(settings.items()))
-
-
-def _resolves_to_a_setting(node: Any) -> bool:
-    """An interpolation whose value is a setting: not a location, the environment, nor a whole node."""
-    interpolation = isinstance(node, str) and "${" in node
-    return interpolation and not (_KEPT_AS_TEXT.search(node) or _ONE_NODE.fullmatch(node))
 
 
 def settings_fingerprint(settings: dict[str, Any], spelled: bool = False) -> str:
@@ -136,7 +134,7 @@ def start_record(cfg: DictConfig, hydra_cfg: DictConfig, settings: dict[str, Any
     """What a start records in run.json and the resume decision compares: the code's version, the
     settings' fingerprint (also ``spelled``), and the identity of litlab until 2026-12 (``earlier``)."""
     return {
-        **code_version(cfg, hydra_cfg).record(),
+        **code_version(cfg, hydra_cfg),
         "settings": settings_fingerprint(settings),
         "spelled": settings_fingerprint(settings, spelled=True),
         "earlier": run_identity(cfg, settings, spelled=True),
@@ -147,19 +145,18 @@ def run_folder(cfg: DictConfig) -> str:
     """The name of the run's folder (``cfg`` holds Hydra's node): its identity, or where
     ``found_in_storage`` finds the run (kept for the start's resume decision). Every rank, restart and
     requeue of one command computes the same name from the command and the storage alone."""
-    content = _start_content(cfg, cfg.hydra)
-    return once("folder", content, lambda: _run_folder(cfg))
 
+    def named() -> str:
+        identity = run_identity(cfg)
+        try:
+            found = found_in_storage(cfg, cfg.hydra, identity, keep=True)
+        except Exception as error:  # fsspec's, botocore's, an uninstalled backend's: each raises its own
+            # Storage that cannot be read: the run's start says why in one line (check_storage).
+            log.debug("run folder of %s named without its storage (%s)", identity, error)
+            return identity
+        return found.folder.identity if found is not None else identity
 
-def _run_folder(cfg: DictConfig) -> str:
-    identity = run_identity(cfg)
-    try:
-        found = found_in_storage(cfg, cfg.hydra, identity, keep=True)
-    except Exception as error:  # fsspec's, botocore's, an uninstalled backend's: each raises its own
-        # Storage that cannot be read: the run's start says why in one line (check_storage).
-        log.debug("run folder of %s named without its storage (%s)", identity, error)
-        return identity
-    return found.folder.identity if found is not None else identity
+    return once("folder", _start_content(cfg, cfg.hydra), named)
 
 
 def _start_content(cfg: DictConfig, hydra_cfg: DictConfig) -> list[Any]:
@@ -188,36 +185,18 @@ _NOT_CODE_GROUPS = ("hydra", "paths", "storage", "sweep", "hparams_search")
 _ENGINE_PACKAGE = "litlab"  # the engine's code and configs are not the user's (docs/storage.md)
 
 
-@dataclass(frozen=True)
-class CodeVersion:
-    """Content hashes of the user's code that composed a run, by name (``project/vision/module.py``,
-    ``configs/model/cnn.yaml``): its ``_target_``s' modules and what they import from the user's
-    packages, and the config files Hydra chose."""
+def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> dict[str, Any]:
+    """Content hashes of the user's code that composed ``cfg`` as ``hydra_cfg`` says, as run.json records
+    them: its ``_target_``s' modules and what they import from the user's packages, and the config
+    files Hydra chose (``{"fingerprint": ..., "files": {"configs/model/cnn.yaml": ..., ...}}``)."""
 
-    files: dict[str, str]
+    def record() -> dict[str, Any]:
+        named = sorted([*_code_files(cfg), *_config_files(hydra_cfg)])
+        files = {name: hashlib.sha1(path.read_bytes()).hexdigest()[:16] for name, path in named}
+        lines = "".join(f"{name}\t{digest}\n" for name, digest in files.items())
+        return {"fingerprint": hashlib.sha1(lines.encode()).hexdigest(), "files": files}
 
-    @property
-    def fingerprint(self) -> str:
-        lines = "".join(f"{name}\t{digest}\n" for name, digest in sorted(self.files.items()))
-        return hashlib.sha1(lines.encode()).hexdigest()
-
-    def record(self) -> dict[str, Any]:
-        """What the run's storage folder records (run.json), to compare a later start with."""
-        return {"fingerprint": self.fingerprint, "files": dict(sorted(self.files.items()))}
-
-
-def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> CodeVersion:
-    """The user's code as it is now, for the config ``cfg`` that Hydra composed as ``hydra_cfg`` says."""
-
-    def files() -> CodeVersion:
-        named = [*_code_files(cfg), *_config_files(hydra_cfg)]
-        return CodeVersion({name: _file_hash(path) for name, path in named})
-
-    return once("code", _start_content(cfg, hydra_cfg), files)
-
-
-def _file_hash(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+    return once("code", _start_content(cfg, hydra_cfg), record)
 
 
 def _targets(node: Any) -> Iterator[str]:

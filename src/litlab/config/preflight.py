@@ -51,20 +51,16 @@ def config_dirs(cfg: DictConfig) -> list[Path]:
 def composition_message(error: BaseException) -> str:
     """One sentence from a Hydra/OmegaConf composition error and its cause: the option that is not
     in its group, the unknown key (and the allowed ones), or the bad value."""
-    if isinstance(error, MissingConfigException):
+    if isinstance(error, MissingConfigException) and error.options:
         group, _, name = (error.missing_cfg_file or "").rpartition("/")
-        if error.options:
-            options = ", ".join(sorted(error.options))
-            return f"'{name}' is not an option of group '{group}': choose one of {options}"
-        return first_line(str(error))
+        return (
+            f"'{name}' is not an option of group '{group}': choose one of {', '.join(sorted(error.options))}"
+        )
     cause = error.__cause__
-    if isinstance(cause, OmegaConfBaseException):
-        key = getattr(cause, "full_key", None)
-        reason = first_line(str(cause))
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
-            allowed = rules.allowed_keys(getattr(cause, "object_type", None))
-            return f"unknown key '{key}'" + (f": {allowed}" if allowed else "")
-        if key:
-            return f"bad value for '{key}': {reason}"
-        return reason
-    return first_line(str(error))
+    if not isinstance(cause, OmegaConfBaseException):
+        return first_line(str(error))
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
+        allowed = rules.allowed_keys(getattr(cause, "object_type", None))
+        return f"unknown key '{key}'" + (f": {allowed}" if allowed else "")
+    return f"bad value for '{key}': {first_line(str(cause))}" if key else first_line(str(cause))

@@ -1,8 +1,6 @@
-"""Credentials stay in the environment: ``redact(cfg)`` is the copy of a config that litlab writes or logs.
-
-A run uses the real values. What is written or logged shows a value read through ``oc.env`` as its
-interpolation, and a URL's user-info and the value of a key that names a credential as ``***``
-(``walk``, for configs, overrides, summaries and Hydra's records). The rules: docs/loggers.md.
+"""Credentials stay in the environment: what litlab writes or logs shows a value read through
+``oc.env`` as its interpolation, and a URL's user-info and the value of a key that names a credential
+as ``***``; the run uses the real values. The rules: docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -84,7 +82,10 @@ def walk(
     value of each credential key (in a mapping or an override) and each URL's user-info, unless it is
     exactly ``${oc.env:NAME}``. ``known``: strings written as something else first (their interpolation)."""
     if isinstance(value, (DictConfig, ListConfig)):
-        value = _container(value)
+        try:
+            value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # noqa: BLE001 - a node cut off from what it interpolates: its text
+            value = OmegaConf.to_container(value, resolve=False)
     if isinstance(value, str) and known:
         value = known.get(value, value)
     if key is not None and is_credential_key(key) and value is not None:
@@ -127,13 +128,6 @@ def _userinfo(text: str, replace: _Replace, key: Any) -> str:
 
 def _is_env_reference(value: Any) -> bool:
     return isinstance(value, str) and bool(_PURE_ENV_REFERENCE.match(value.strip("'\"")))
-
-
-def _container(value: DictConfig | ListConfig) -> Any:
-    try:
-        return OmegaConf.to_container(value, resolve=True)
-    except Exception:  # noqa: BLE001 - a node cut off from what it interpolates: its text
-        return OmegaConf.to_container(value, resolve=False)
 
 
 def redact(cfg: DictConfig) -> dict[str, Any]:
@@ -334,6 +328,8 @@ def _plain(secret: Any) -> str:
 
 
 def _assign(node: Any, old: Any, new: Any) -> None:
+    """Sets in ``node`` what differs between ``old`` and ``new``: a whole node where ``walk`` changed
+    its shape (a credential key's list becomes one string)."""
     for key in old.keys() if isinstance(old, dict) else range(len(old)):
         if old[key] == new[key]:
             continue

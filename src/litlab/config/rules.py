@@ -124,7 +124,8 @@ def allowed_keys(schema_type: Any) -> str | None:
 
 
 def check(cfg: DictConfig) -> None:
-    """Rules of a train config that types cannot express. Raises ConfigError."""
+    """Rules of a train config that types cannot express (values that would otherwise fail only after
+    torch loads). Raises ConfigError."""
     _check_no_added_keys(cfg)
     _check_no_missing_values(cfg)
     for key, allowed in _CHOICES.items():
@@ -134,13 +135,14 @@ def check(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value} is not allowed: use one of {shown}")
     for key in _POSITIVE:
         _positive(key, OmegaConf.select(cfg, key, default=1))
-    trainer, data = cfg.trainer, cfg.data
+    trainer, data, tune, global_batch = cfg.trainer, cfg.data, cfg.tune, cfg.global_batch_size
     # Keys the trainer YAML leaves out have Lightning's defaults (lightning.Trainer's signature).
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if trainer.get("max_epochs") not in (None, -1):
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
     if trainer.get("max_steps", -1) != -1:
         _positive("trainer.max_steps", trainer.max_steps, "a positive integer, or -1 (no limit)")
-    if cfg.tune.batch_size:
+    if tune.batch_size:
         _needs_batch_size(data, "tune.batch_size=true", "changes it to the largest that fits")
     if cfg.oom.action == "auto_shrink":
         _needs_batch_size(data, "oom=auto_shrink", "halves it after an out-of-memory error")
@@ -150,9 +152,8 @@ def check(cfg: DictConfig) -> None:
             "remove it there and set the top-level global_batch_size (on the command line or in "
             "configs/train.yaml) to fix the effective batch"
         )
-    if cfg.global_batch_size is not None:
-        _positive("global_batch_size", cfg.global_batch_size)
-    devices = trainer.get("devices", "auto")
+    if global_batch is not None:
+        _positive("global_batch_size", global_batch)
     if not (devices == "auto" or device_count(devices)):
         raise ConfigError(
             f"trainer.devices={devices} is not allowed: use a positive integer, a list of "
@@ -160,8 +161,32 @@ def check(cfg: DictConfig) -> None:
         )
     if cfg.optimized_metric is None:
         _check_nothing_follows_a_metric(cfg)
-    batch_sizes(data, trainer, global_batch=cfg.global_batch_size)  # raises when it does not divide
-    _check_runtime_options(cfg)
+    batch_sizes(data, trainer, global_batch=global_batch)  # raises when it does not divide
+    for key in ("hang_timeout", "preempt_grace"):
+        if cfg[key] < 0:
+            raise ConfigError(f"{key}={cfg[key]} is not allowed: use a number of seconds, or 0 for off")
+    if trainer.get("gradient_clip_val") is not None and trainer.gradient_clip_val < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
+            "number, or null for no clipping"
+        )
+    cores = cpu_cores()
+    if trainer.get("accelerator", "auto") == "cpu" and (device_count(devices) or 1) > cores:
+        raise ConfigError(
+            f"trainer.devices={devices} is more than the {cores} CPU cores this process may "
+            f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"
+        )
+    if tune.batch_size and global_batch is not None:
+        raise ConfigError(
+            f"tune.batch_size=true cannot tune global_batch_size={global_batch}: "
+            "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
+        )
+    if tune.batch_size and (device_count(devices) != 1 or nodes != 1):
+        raise ConfigError(
+            f"tune.batch_size=true runs on one device, not trainer.devices={devices} "
+            f"trainer.num_nodes={nodes} (Lightning's finder does not support distributed "
+            "strategies): tune with trainer.devices=1, then train with the found data.batch_size"
+        )
 
 
 def _check_nothing_follows_a_metric(cfg: DictConfig) -> None:
@@ -178,40 +203,6 @@ def _check_nothing_follows_a_metric(cfg: DictConfig) -> None:
         raise ConfigError(
             f"optimized_metric=null: {what}; set optimized_metric to a metric your module logs "
             "with self.log (e.g. val/loss)"
-        )
-
-
-def _check_runtime_options(cfg: DictConfig) -> None:
-    """Values that would fail only after torch loads (devices), and oom, tune and gradient clipping."""
-    trainer = cfg.trainer
-    accelerator, devices = trainer.get("accelerator", "auto"), trainer.get("devices", "auto")
-    for key in ("hang_timeout", "preempt_grace"):
-        if cfg[key] < 0:
-            raise ConfigError(f"{key}={cfg[key]} is not allowed: use a number of seconds, or 0 for off")
-    if trainer.get("gradient_clip_val") is not None and trainer.gradient_clip_val < 0:
-        raise ConfigError(
-            f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not allowed: use a positive "
-            "number, or null for no clipping"
-        )
-    cores = cpu_cores()
-    if accelerator == "cpu" and (device_count(devices) or 1) > cores:
-        raise ConfigError(
-            f"trainer.devices={devices} is more than the {cores} CPU cores this process may "
-            f"use: on CPU every device is one process, so use trainer.devices=1 to {cores}"
-        )
-    tune = cfg.tune
-    global_batch = cfg.global_batch_size
-    if tune.batch_size and global_batch is not None:
-        raise ConfigError(
-            f"tune.batch_size=true cannot tune global_batch_size={global_batch}: "
-            "set one of them, not both (the finder picks data.batch_size, the micro-batch)"
-        )
-    nodes = trainer.get("num_nodes", 1)
-    if tune.batch_size and (device_count(devices) != 1 or nodes != 1):
-        raise ConfigError(
-            f"tune.batch_size=true runs on one device, not trainer.devices={devices} "
-            f"trainer.num_nodes={nodes} (Lightning's finder does not support distributed "
-            "strategies): tune with trainer.devices=1, then train with the found data.batch_size"
         )
 
 

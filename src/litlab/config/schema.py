@@ -1,8 +1,6 @@
 """Types of litlab's own settings (no ``_target_``), in Hydra's ConfigStore: checked while composing.
-
-``_target_`` nodes, ``trainer`` included, are checked against their target's signature
-(``litlab.config.signatures``), and what a type cannot say (one of a few names, a positive number)
-by ``litlab.config.rules``. Every field is MISSING: the values live in the YAML files.
+``_target_`` nodes are checked by ``litlab.config.signatures``, what a type cannot say by
+``litlab.config.rules``. Every field is MISSING: the values live in the YAML files.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -136,7 +134,13 @@ def register() -> None:
 
     resolvers.register()
     store = ConfigStore.instance()
-    store.store(name="litlab_train_schema", node=_train_schema())
+    # An open ``trainer`` node: Hydra closes the whole config before it applies the command line; a
+    # node's own flag wins over its parent's, so ``trainer.sync_batchnorm=true`` can set any
+    # lightning.Trainer argument that the YAML does not name (the signature check refuses typos).
+    train = OmegaConf.structured(_TrainConfig)
+    train.trainer = {}
+    OmegaConf.set_struct(train.trainer, False)
+    store.store(name="litlab_train_schema", node=train)
     store.store(name="litlab_eval_schema", node=_EvalConfig)
     store.store(name="litlab_predict_schema", node=_PredictConfig)
     schemas = [("precision", "default", _PrecisionConfig), ("oom", "default", _OomConfig)]
@@ -144,13 +148,3 @@ def register() -> None:
     schemas += [("storage", "gcs", _GCSStorageConfig), ("storage", "azure", _AzureStorageConfig)]
     for group, name, node in schemas:
         store.store(group=f"schema/{group}", name=name, node=node, package=group)
-
-
-def _train_schema() -> DictConfig:
-    """_TrainConfig with an open ``trainer`` node. Hydra closes the whole config before it applies the
-    command line; a node's own flag wins over its parent's, so ``trainer.sync_batchnorm=true`` can
-    set any lightning.Trainer argument that the YAML does not name (the signature check refuses typos)."""
-    node = OmegaConf.structured(_TrainConfig)
-    node.trainer = {}
-    OmegaConf.set_struct(node.trainer, False)
-    return node

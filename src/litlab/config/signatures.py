@@ -1,9 +1,6 @@
-"""Keys of every ``_target_`` node checked against its target's signature, before anything runs.
-
-As LightningCLI does, ``trainer`` included (against ``lightning.Trainer``): a typo fails in one line
-naming the key, its file and the accepted keys, and a value is checked against a plain annotation. The
-signature is read from the target's source with ``ast``, so that a typo fails before torch loads;
-the target is imported only where its source cannot tell.
+"""Keys of every ``_target_`` node (``trainer`` too) checked against its target's signature, as
+LightningCLI does, and values against plain annotations. The signature is read from the source with
+``ast``, so that a typo fails before torch loads; the target is imported only where its source cannot tell.
 """
 
 from __future__ import annotations
@@ -234,10 +231,7 @@ def _file_sets(file: Path, key: str) -> bool:
 
 
 def _shown(file: Path) -> str:
-    try:
-        return str(file.relative_to(Path.cwd()))
-    except ValueError:
-        return str(file)
+    return str(file.relative_to(Path.cwd()) if file.is_relative_to(Path.cwd()) else file)
 
 
 # --- signatures, read from source ------------------------------------------------------------
@@ -276,11 +270,7 @@ def _from_import(module: str, name: str) -> Signature | None:
 
 def _from_source(module: str, name: str, depth: int) -> Signature | None:
     found = _definition(module, name, depth)
-    if found is None:
-        return None
-    if isinstance(found[0], ast.ClassDef):
-        return _class(found, depth)
-    return None if found[0].decorator_list else _arguments(found[0].args, skip_first=False)
+    return _signature(found, depth) if found else None
 
 
 def module_file(module: str) -> Path | None:
@@ -360,10 +350,12 @@ def _bases(found: _Definition, depth: int) -> Iterator[tuple[ast.expr, _Definiti
         yield base, definition if definition and isinstance(definition[0], ast.ClassDef) else None
 
 
-def _class(found: _Definition, depth: int) -> Signature | None:
+def _signature(found: _Definition, depth: int) -> Signature | None:
     node = found[0]
     if node.decorator_list:  # a dataclass or a decorator that may change the signature: import it
         return None
+    if not isinstance(node, ast.ClassDef):
+        return _arguments(node.args, skip_first=False)
     methods = {s.name: s for s in node.body if isinstance(s, _FUNCTIONS)}
     method = methods.get("__init__") or methods.get("__new__")
     if method is not None:
@@ -371,17 +363,14 @@ def _class(found: _Definition, depth: int) -> Signature | None:
             return None
         return _arguments(method.args, skip_first=True)
     # No __init__ of its own: the first base that defines one.
-    inherited = (_class(definition, depth + 1) for _, definition in _bases(found, depth) if definition)
+    inherited = (_signature(definition, depth + 1) for _, definition in _bases(found, depth) if definition)
     return next((signature for signature in inherited if signature is not None), None)
 
 
 def _name(node: ast.expr) -> str | None:
     """The last name of a decorator, a base or an annotation (``functools.wraps(f)``: wraps)."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    if isinstance(node, ast.Name):
-        return node.id
-    return node.attr if isinstance(node, ast.Attribute) else None
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
 
 
 def _arguments(arguments: ast.arguments, skip_first: bool) -> Signature:

@@ -1,8 +1,6 @@
-"""``TensorBatches``: a resumable loader for datasets that live in memory as tensors.
-
-Batches are drawn by index from tensors on the training device: no workers, no per-sample collation.
-Lightning stores its position in every checkpoint, so a run resumed mid-epoch sees exactly the batches
-an uninterrupted one would. For datasets read from files: ``litlab.data.ResumableDataLoader``.
+"""``TensorBatches``, a resumable loader of tensors in memory (batches drawn by index on the training
+device: no workers, no per-sample collation; for files: ``ResumableDataLoader``), and the callbacks by
+which every litlab run trains whole global batches and draws the same numbers, resumed or not.
 """
 
 from __future__ import annotations
@@ -27,6 +25,35 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
     if world_size is None:
         world_size = torch.distributed.get_world_size() if distributed else 1
     return rank, world_size
+
+
+def _seed_step(seed: int, epoch: int, batch: int, rank: int, device: torch.device) -> None:
+    """Seed the generators a batch draws from on ``device`` (and the CPU) from (seed, epoch, batch, rank):
+    each micro-batch and rank draws its own numbers, and a resumed run the same ones. Not
+    torch.manual_seed: it also seeds every CUDA, XPU and MTIA device, far dearer than the CPU
+    generator's seed even on a CPU-only machine (docs/performance.md, "Why the engine does it this way")."""
+    seed = hash((seed, epoch, batch, rank)) % 2**63
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
+    elif torch.cuda.is_initialized():  # work on a CPU tensor may move it to this rank's GPU and draw there
+        torch.cuda.manual_seed(seed)
+
+
+class ReseedEveryStep(Callback):
+    """Reseeds before every training micro-batch (``_seed_step``): no RNG state needs to be in the
+    checkpoint (numpy's would make torch's safe ``weights_only`` loading refuse it)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # The epoch and the batch within it, not global_step: that counts optimizer steps, which all
+        # micro-batches of one window share. Both are restored from the checkpoint on resume.
+        _seed_step(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank, pl_module.device)
 
 
 class WholeGlobalBatches(Callback):
@@ -120,20 +147,10 @@ class TensorBatches:
             batch = [t[index] for t in self.tensors]
             if self.transform is not None:
                 with torch.random.fork_rng(devices=[]):
-                    self._seed_generators(hash((self.seed, self.epoch, i, self.rank)) % 2**63)
+                    _seed_step(self.seed, self.epoch, i, self.rank, self.tensors[0].device)
                     batch[0] = self.transform(batch[0])
             self._consumed = i + 1
             yield tuple(batch)
-
-    def _seed_generators(self, seed: int) -> None:
-        # Those a transform of these tensors draws from: torch.manual_seed would also seed every CUDA,
-        # XPU and MTIA device, dearer than the transform itself (docs/performance.md).
-        torch.default_generator.manual_seed(seed)
-        if self.tensors[0].is_cuda:
-            with torch.cuda.device(self.tensors[0].device):
-                torch.cuda.manual_seed(seed)
-        elif torch.cuda.is_initialized():  # a transform may move the batch to this rank's GPU and draw there
-            torch.cuda.manual_seed(seed)
 
     def batch_indices(self, batch_idx: int) -> list[int]:
         """The indices into the tensors of this rank's batch ``batch_idx`` of the current epoch:

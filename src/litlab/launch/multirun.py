@@ -65,14 +65,24 @@ def run_sweep_job(cfg: DictConfig, fit: Callable[[DictConfig], float | None]) ->
     started_at = now()
     if recording:
         sweep_record.list_job(Path(str(hydra.sweep.dir)), int(hydra.job.num), job_dir)
-        place = {"run_dir": job_dir, "hydra": hydra, "sweep": sweep_job()}
-        stand_in = Summary.of(cfg, None, status=RUNNING, started_at=started_at, **place)
-        record_job(hydra, job_dir, stand_in.to_dict(), RUNNING)
+        running = job_summary(cfg, job_dir, None, RUNNING, started_at=started_at).to_dict()
+        record_job(hydra, job_dir, running, RUNNING)
     value = None
     try:
         if is_child:
             return fit(cfg)
-        value = _run_in_child_process(cfg, job_dir)
+        # In a launcher's process: the job's single-run command as a child, with this process's
+        # environment (a cluster's rank variables make it that rank).
+        command = child_command(hydra, job_dir)
+        if global_rank() == 0:
+            write_command(job_dir, hydra.runtime.cwd, command)
+        job = {**sweep_job(), "command": shlex.join(command)}
+        log.info("job %s: %s", job["job_num"], shlex.join(command[1:]))
+        env = {**os.environ, SWEEP_JOB_ENV: json.dumps(job)}
+        returncode = subprocess.run(command, env=env, cwd=hydra.runtime.cwd, check=False).returncode
+        if returncode != 0:
+            raise _ChildFailed(f"the job's process {describe_exit(returncode)}")
+        value = json.loads((job_dir / "summary.json").read_text())["metrics"].get(cfg.optimized_metric)
     except Exception as error:
         record_failure(cfg, job_dir, f"{type(error).__name__}: {error}")
         if is_child:
@@ -126,20 +136,10 @@ def write_command(job_dir: Path, cwd: str, command: list[str]) -> None:
     )
 
 
-def _run_in_child_process(cfg: DictConfig, job_dir: Path) -> float | None:
-    """Run the current job as one single-run child process (with this process's environment: a cluster's
-    rank variables make it that rank) and return its ``optimized_metric``."""
-    command = child_command(HydraConfig.get(), job_dir)
-    if global_rank() == 0:
-        write_command(job_dir, HydraConfig.get().runtime.cwd, command)
-    job = {**sweep_job(), "command": shlex.join(command)}
-    env = {**os.environ, SWEEP_JOB_ENV: json.dumps(job)}
-    log.info("job %s: %s", job["job_num"], shlex.join(command[1:]))
-    returncode = subprocess.run(command, env=env, cwd=HydraConfig.get().runtime.cwd, check=False).returncode
-    if returncode != 0:
-        raise _ChildFailed(f"the job's process {describe_exit(returncode)}")
-    summary = json.loads((job_dir / "summary.json").read_text())
-    return summary["metrics"].get(cfg.optimized_metric)
+def job_summary(cfg: DictConfig, job_dir: Path, error: str | None, status: str, **known: Any) -> Summary:
+    """The Summary of the current job (HydraConfig: its config) where its process wrote none."""
+    hydra = HydraConfig.get()
+    return Summary.of(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job(), **known)
 
 
 def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAILED) -> None:
@@ -149,13 +149,10 @@ def record_failure(cfg: DictConfig, job_dir: Path, error: str, status: str = FAI
         return
     path = job_dir / "summary.json"
     existing = Summary.load(path) if path.is_file() else None
-    if existing is not None and existing.status != COMPLETED:
-        return  # written where the run stopped, with the most precise error
-    if existing is not None:  # a child that wrote a completed summary, then exited non-zero
+    if existing is None:
+        job_summary(cfg, job_dir, error, status).write(path)
+    elif existing.status == COMPLETED:  # a child that wrote a completed summary, then exited non-zero
         dataclasses.replace(existing, status=status, error=error).write(path)
-        return
-    hydra = HydraConfig.get()
-    Summary.of(cfg, error, run_dir=job_dir, hydra=hydra, status=status, sweep=sweep_job()).write(path)
 
 
 class PlanningSweeper(Sweeper):

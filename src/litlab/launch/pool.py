@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import (
@@ -195,10 +195,8 @@ class _Job:
     task_cfg: Any = None  # the config without its hydra node: copied once, when the job is prepared
     storage: Any = None  # its RunStorage where it is on this machine's disk: the sweep takes its lock
     claim: Any = None  # the lock's Holder while the sweep holds it for the job's process
-    devices: list[str] = field(default_factory=list)
     taken: Taken | None = None
     process: subprocess.Popen | None = None
-    output: IO[bytes] | None = None
     start: str | None = None
     start_s: float = 0.0
     started_at: str = ""  # local time, as summary.json's started_at: did this job train its run?
@@ -246,31 +244,24 @@ class DevicePoolLauncher(Launcher):
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    # Hydra's API: a fixed list of jobs, all queued at once (so the largest can go first).
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's API: a fixed list of jobs, all queued at once (so the largest can go first)."""
         returns: dict[int, JobReturn] = {}
-        jobs = [QueuedJob(list(o)) for o in job_overrides]
-        self._run(
-            lambda i: jobs[i - initial_job_idx] if i - initial_job_idx < len(jobs) else None,
-            returns.__setitem__,
-            first_index=initial_job_idx,
-            announced=len(jobs),
-        )
-        return [returns[initial_job_idx + i] for i in range(len(jobs))]
+        jobs = {initial_job_idx + i: QueuedJob(list(o)) for i, o in enumerate(job_overrides)}
+        self.run_queue(jobs.get, returns.__setitem__, initial_job_idx, announced=len(jobs))
+        return [returns[index] for index in jobs]
 
     def run_queue(
         self,
         next_job: Callable[[int], QueuedJob | None],
         on_done: Callable[[int, JobReturn], None],
         first_index: int = 0,
+        announced: int | None = None,
     ) -> None:
         """Ask ``next_job(job_idx)`` for a job whenever a device is free and no queued job fits it
-        (None: no more jobs); call ``on_done(job_idx, job_return)`` as each job ends. Returns when
-        there are no more jobs and every started one has ended, or once ``stop`` has stopped them."""
-        self._run(next_job, on_done, first_index=first_index, announced=None)
-
-    def _run(self, next_job: Callable, on_done: Callable, *, first_index: int, announced: int | None) -> None:
-        """``announced``: a fixed list of that many jobs, all queued at once; None: jobs as they come."""
+        (None: no more jobs; ``announced``: a fixed list of that many, all queued at once); call
+        ``on_done(job_idx, job_return)`` as each job ends. Returns when there are no more jobs and every
+        started one has ended, or once ``stop`` has stopped them."""
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -303,8 +294,9 @@ class DevicePoolLauncher(Launcher):
             from litlab.run.summary import INTERRUPTED
 
             for job in queue.values():  # never started: the record says why
+                HydraConfig.instance().set_config(job.config)
                 error = f"the sweep was stopped by {self._stopped} before the job started"
-                not_started(job.config, job.dir, error, job.task_cfg, INTERRUPTED, self._pool_record(job))
+                not_started(job.task_cfg, job.dir, error, INTERRUPTED, self._pool_record(job))
             log.warning(
                 "sweep stopped by %s; the same command resumes it (completed jobs are skipped)", self._stopped
             )
@@ -333,6 +325,7 @@ class DevicePoolLauncher(Launcher):
                 if chosen is None:
                     break
                 job = queue.pop(chosen.index)
+                HydraConfig.instance().set_config(job.config)  # ${hydra:...} resolves for this job
                 held = self._claim(job)
                 if held is not None:  # another process trains its run: nothing of it is written
                     on_done(job.index, held)
@@ -406,7 +399,7 @@ class DevicePoolLauncher(Launcher):
         if refusal is not None:  # never a run: its folder is the sweep's, named by the job's number
             job.dir = Path(str(config.hydra.sweep.dir)) / str(index)
             self._write_job_files(job)
-            summary = not_started(config, job.dir, refusal, task_cfg, pool=self._pool_record(job))
+            summary = not_started(task_cfg, job.dir, refusal, pool=self._pool_record(job))
             return self._job_return(job, summary.to_dict())
         root = str(OmegaConf.select(task_cfg, "storage.root", default="") or "").removeprefix("file://")
         if identity is not None and root and "://" not in root:  # the job's own process reads the others
@@ -423,6 +416,7 @@ class DevicePoolLauncher(Launcher):
 
     def _claim(self, job: _Job) -> JobReturn | None:
         """Take the run's lock for the job's process; held elsewhere: its JobReturn, running elsewhere."""
+        from litlab.launch.multirun import job_summary
         from litlab.run.summary import RUNNING_ELSEWHERE
         from litlab.run.sweep_record import ELSEWHERE
         from litlab.storage import lock
@@ -431,14 +425,14 @@ class DevicePoolLauncher(Launcher):
             job.claim = lock.take(job.storage) if job.storage is not None else None
         except lock.RunLocked as held:
             log.warning("job %d not started: %s", job.index, held.reason)
-            summary = _summary(job.config, job.dir, held.reason, RUNNING_ELSEWHERE, job.task_cfg).to_dict()
+            summary = job_summary(job.task_cfg, job.dir, held.reason, RUNNING_ELSEWHERE).to_dict()
             self._record(job, summary, ELSEWHERE)
             return self._job_return(job, summary)
         return None
 
     def _pool_record(self, job: _Job) -> dict[str, Any]:
-        beside = sorted(job.beside, key=str)
-        pool = {"devices": job.devices, "start": job.start, "end": job.end, "beside": beside}
+        devices = job.taken.ids if job.taken else []
+        pool = {"devices": devices, "start": job.start, "end": job.end, "beside": sorted(job.beside, key=str)}
         return {**pool, "timed_by": self._timed_by, "command": shlex.join(job.command)}
 
     def _record(self, job: _Job, summary: dict[str, Any], outcome: str, note: str | None = None) -> None:
@@ -507,19 +501,20 @@ class DevicePoolLauncher(Launcher):
                         job.beside.add(f"{identity} (pid {holder.pid})")
 
     def _start(self, job: _Job, schedule: DeviceSchedule) -> None:
+        from litlab.launch.multirun import job_summary
         from litlab.run import sweep_record
         from litlab.run.summary import RUNNING, SWEEP_JOB_ENV, now
         from litlab.storage.lock import HANDOVER_ENV
 
         job.taken = schedule.take(job.need)
-        job.devices, cores = job.taken.ids, job.taken.cores
+        cores = job.taken.cores
         job.start, job.start_s, job.started_at = _utc_now(), time.monotonic(), now()
         for other in self._running.values():
             other.beside.add(job.index)
             job.beside.add(other.index)
         self._write_job_files(job)
         sweep_record.list_job(Path(str(job.config.hydra.sweep.dir)), job.index, job.dir)
-        running = _summary(job.config, job.dir, None, RUNNING, job.task_cfg, started_at=job.started_at)
+        running = job_summary(job.task_cfg, job.dir, None, RUNNING, started_at=job.started_at)
         self._record(job, running.to_dict(), RUNNING)
         env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
         # The run's place in the sweep (its summary's ``sweep``); the rest is the pool's record.
@@ -532,22 +527,22 @@ class DevicePoolLauncher(Launcher):
             threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
         env["OMP_NUM_THREADS"] = str(threads)
         if schedule.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
-        job.output = open(job.dir / "output.log", "ab")  # noqa: SIM115  (closed when the job ends)
-        job.process = subprocess.Popen(
-            job.command,
-            cwd=str(job.config.hydra.runtime.cwd),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=job.output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the sweep only; it stops the jobs with SIGTERM
-            preexec_fn=_die_with_parent_and_pin(cores, os.getpid()),
-        )
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.taken.ids)
+        with open(job.dir / "output.log", "ab") as output:  # the job's process holds its own copy
+            job.process = subprocess.Popen(
+                job.command,
+                cwd=str(job.config.hydra.runtime.cwd),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the sweep only; it stops the jobs with SIGTERM
+                preexec_fn=_die_with_parent_and_pin(cores, os.getpid()),
+            )
         self._running[job.index] = job
         if self._stopped is not None:  # stopped from a sweeper's own thread as it started
             self._terminate(job)
-        where = f"device(s) {','.join(job.devices)}, cores {','.join(map(str, cores))}"
+        where = f"device(s) {','.join(job.taken.ids)}, cores {','.join(map(str, cores))}"
         log.info(f"job {job.index} started on {where}: {job.dir / 'output.log'}")
 
     def _finish(self, job: _Job) -> JobReturn:
@@ -557,8 +552,7 @@ class DevicePoolLauncher(Launcher):
         from litlab.run.summary import FAILED, INTERRUPTED
         from litlab.storage.lock import give_back
 
-        assert job.process is not None and job.output is not None
-        job.output.close()
+        assert job.process is not None
         if job.claim is not None:  # its process never took the run's lock over (stopped as it started)
             give_back(job.storage, job.claim)
         job.end = _utc_now()
@@ -602,27 +596,17 @@ def task_config(config: DictConfig) -> DictConfig:
     return task_cfg
 
 
-def _summary(config: DictConfig, job_dir: Path, error: str | None, status: str, task_cfg, **known) -> Any:
-    """The Summary of a job whose process writes none: not started, running, or trained elsewhere."""
-    from litlab.run.summary import Summary
-
-    HydraConfig.instance().set_config(config)  # ${hydra:...} resolves for this job
-    place = {"dir": str(config.hydra.sweep.dir), "job_num": int(config.hydra.job.num)}
-    return Summary.of(
-        task_cfg, error, run_dir=job_dir, hydra=config.hydra, status=status, sweep=place, **known
-    )
-
-
-def not_started(config: DictConfig, job_dir: Path, error: str, task_cfg, status="failed", pool=None) -> Any:
-    """A job that never started: a line in the log and a training job's row in the sweep's record
-    (its run's folder is left as it was); its Summary."""
-    from litlab.launch.multirun import record_job
+def not_started(task_cfg: DictConfig, job_dir: Path, error: str, status: str = "failed", pool=None) -> Any:
+    """A job that never started (HydraConfig: its config): a line in the log and a training job's row
+    in the sweep's record (its run's folder is left as it was); its Summary."""
+    from litlab.launch.multirun import job_summary, record_job
     from litlab.run.sweep_record import NOT_STARTED
 
-    log.error("job %d not started: %s", int(config.hydra.job.num), error)
-    summary = _summary(config, job_dir, error, status, task_cfg)
-    if config.get("task_name") == "train":
-        record_job(config.hydra, job_dir, summary.to_dict(), NOT_STARTED, None, pool)
+    hydra = HydraConfig.get()
+    log.error("job %d not started: %s", int(hydra.job.num), error)
+    summary = job_summary(task_cfg, job_dir, error, status)
+    if task_cfg.get("task_name") == "train":
+        record_job(hydra, job_dir, summary.to_dict(), NOT_STARTED, None, pool)
     return summary
 
 

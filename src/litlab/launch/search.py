@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -63,8 +63,7 @@ def distribution_of(override: Override) -> Any:
     key = override.get_key_element()
     if isinstance(value, IntervalSweep):
         tags = set(value.tags)
-        unknown = tags - {"log", "int"}
-        if unknown:
+        if unknown := tags - {"log", "int"}:
             raise ConfigError(f"{key}: interval tags are log and int, not {', '.join(sorted(unknown))}")
         if value.start >= value.end or ("log" in tags and value.start <= 0):
             raise ConfigError(
@@ -91,18 +90,17 @@ def distribution_of(override: Override) -> Any:
 
 @dataclass
 class _SearchSpace:
-    distributions: dict[str, Any] = field(default_factory=dict)  # parameter name -> Optuna distribution
-    fixed: list[str] = field(default_factory=list)  # the other overrides, as typed
+    distributions: dict[str, Any]  # parameter name -> Optuna distribution
+    fixed: list[str]  # the other overrides, as typed
 
 
 def search_space(params: dict[str, str], arguments: Sequence[str]) -> _SearchSpace:
     """``hydra.sweeper.params`` and the command line's overrides: sweeps become distributions, the
     others stay fixed overrides; a parameter on the command line replaces the one of the params."""
-    parser = OverridesParser.create()
     lines = [f"{key}={value}" for key, value in params.items()] + list(arguments)
-    space = _SearchSpace()
+    space = _SearchSpace({}, [])
     fixed: dict[str, str] = {}
-    for override in parser.parse_overrides(lines):
+    for override in OverridesParser.create().parse_overrides(lines):  # each checked, in the order given
         key = override.get_key_element()
         if override.is_sweep_override():
             fixed.pop(key, None)
@@ -133,14 +131,10 @@ def parse_enqueued(lines: Sequence[str]) -> list[dict[str, Any]]:
     parser = OverridesParser.create()
     trials = []
     for line in lines:
-        trial = {}
-        for override in parser.parse_overrides(shlex.split(line)):
-            if override.is_sweep_override():
-                raise ConfigError(
-                    f"hydra.sweeper.enqueue: '{line}' gives one value per parameter, not a sweep"
-                )
-            trial[override.get_key_element()] = override.value()
-        trials.append(trial)
+        overrides = parser.parse_overrides(shlex.split(line))
+        if any(o.is_sweep_override() for o in overrides):
+            raise ConfigError(f"hydra.sweeper.enqueue: '{line}' gives one value per parameter, not a sweep")
+        trials.append({o.get_key_element(): o.value() for o in overrides})
     return trials
 
 
@@ -171,15 +165,12 @@ def storage_url(storage: str | None, storage_root: str, study_name: str) -> str:
         folder = Path(storage_root.removeprefix("file://")).expanduser().resolve() / "optuna"
         folder.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{folder / study_name}.db"
-    for plain in ("postgresql://", "postgres://"):
-        if storage.startswith(plain):
-            return "postgresql+psycopg://" + storage[len(plain) :]
     if "://" not in storage:
         raise ConfigError(
             f"hydra.sweeper.storage={storage}: not a database URL; use postgresql://user@host/db, "
             "sqlite:////path/study.db, or null (a SQLite file under storage.root)"
         )
-    return storage
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", storage)
 
 
 def _open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: float) -> Any:
@@ -211,7 +202,6 @@ def _open_storage(url: str, heartbeat_interval: int, max_retry: int, outage_s: f
                 f"hydra.sweeper.storage: cannot open the study's database {redact_text(url)}: "
                 f"{database_error(error)}"
             ) from None
-    raise AssertionError("unreachable")
 
 
 class _StorageOutage(LitlabError):
@@ -293,40 +283,34 @@ def _make_sampler(sampler: dict[str, Any]) -> Any:
 # --- the sweeper ---------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)  # hashable and compared by identity, as any plugin
 class OptunaSearch(PlanningSweeper):
     """Hydra sweeper: an Optuna study on ask-and-tell. It asks (``next_job``) and tells (``on_done``)
     from the pool's loop, records its trials' heartbeats from a thread of its own, and reaches the
-    study's database through ``_db``, which waits out an outage."""
+    study's database through ``_db``, which waits out an outage. Its settings: hydra/sweeper/optuna.yaml."""
 
-    def __init__(
-        self,
-        params: dict[str, str] | None = None,
-        n_trials: int = 20,
-        direction: str = "maximize",
-        sampler: dict[str, Any] | None = None,
-        pruner: str = "median",
-        pruning: dict[str, Any] | None = None,
-        storage: str | None = None,
-        study_name: str | None = None,
-        enqueue: Sequence[str] | None = None,
-        heartbeat_interval: int = 60,
-        max_retry: int = 3,
-        storage_outage_s: float = 60,
-        n_jobs: int = 1,
-    ) -> None:
-        self.params = dict(params or {})
-        self.n_trials = int(n_trials)
-        self.direction = str(direction)
-        self.sampler_spec = dict(sampler or {})
-        self.pruner_name = str(pruner)
-        self.pruning = dict(pruning or {})
-        self.storage = storage
-        self.study_name = study_name
-        self.enqueue = list(enqueue or [])
-        self.heartbeat_interval = int(heartbeat_interval)
-        self.max_retry = int(max_retry)
-        self.storage_outage_s = float(storage_outage_s)
-        self.n_jobs = int(n_jobs)
+    params: dict[str, str] | None = None
+    n_trials: int = 20
+    direction: str = "maximize"
+    sampler: dict[str, Any] | None = None
+    pruner: str = "median"
+    pruning: dict[str, Any] | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    enqueue: Sequence[str] | None = None
+    heartbeat_interval: int = 60
+    max_retry: int = 3
+    storage_outage_s: float = 60
+    n_jobs: int = 1
+
+    def __post_init__(self) -> None:
+        # Hydra passes an interpolated value (${oc.env:N}) as the string it resolves to.
+        self.n_trials, self.heartbeat_interval = int(self.n_trials), int(self.heartbeat_interval)
+        self.max_retry, self.n_jobs = int(self.max_retry), int(self.n_jobs)
+        self.storage_outage_s = float(self.storage_outage_s)
+        self.direction, self.pruner = str(self.direction), str(self.pruner)
+        self.params, self.sampler = dict(self.params or {}), dict(self.sampler or {})
+        self.pruning, self.enqueue = dict(self.pruning or {}), list(self.enqueue or [])
         self.first_job = 0  # the number of its first job (after an earlier attempt's in the same folder)
         self.plans: list[JobPlan] = []  # this sweep's trials so far: none may share another's folder
         self.running: dict[int, Any] = {}  # job index -> its optuna.trial.Trial
@@ -350,7 +334,7 @@ class OptunaSearch(PlanningSweeper):
         log.info(
             f"Optuna study {name} in {redact_text(self.url)}: {budget.spent} of {self.n_trials} trials "
             f"spent, {budget.running} running in other sweeps; sampler "
-            f"{self.sampler_spec.get('name', 'tpe')}, pruner {self.pruner_name}"
+            f"{self.sampler.get('name', 'tpe')}, pruner {self.pruner}"
         )
         if budget.done(self.n_trials):
             log.warning(
@@ -364,7 +348,7 @@ class OptunaSearch(PlanningSweeper):
         heartbeat = threading.Thread(target=self._beat, args=(stopped,), name="optuna-heartbeat", daemon=True)
         heartbeat.start()
         try:
-            self._run_async() if hasattr(self.launcher, "run_queue") else self._run_batches()
+            self._run_trials()
         finally:
             stopped.set()
             heartbeat.join(timeout=10)
@@ -382,7 +366,7 @@ class OptunaSearch(PlanningSweeper):
             raise ConfigError(f"hydra.sweeper.n_trials={self.n_trials}: at least 1")
         quiet_optuna()
         max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
-        pruner_spec = {"name": self.pruner_name, **self.pruning, "max_epochs": max_epochs}
+        pruner_spec = {"name": self.pruner, **self.pruning, "max_epochs": max_epochs}
         pruner = make_pruner(pruner_spec)  # one it does not know: a ConfigError
         self.space = search_space(self.params, arguments)
         if not self.space.distributions:
@@ -395,7 +379,7 @@ class OptunaSearch(PlanningSweeper):
         self.study = optuna.create_study(
             study_name=name,
             storage=_open_storage(self.url, self.heartbeat_interval, self.max_retry, self.storage_outage_s),
-            sampler=_make_sampler(self.sampler_spec),
+            sampler=_make_sampler(self.sampler),
             pruner=pruner,
             direction=self.direction,
             load_if_exists=True,
@@ -428,43 +412,39 @@ class OptunaSearch(PlanningSweeper):
             self.check_composes([*space.fixed, *trial_overrides(params)])
         self.plans.clear()  # what they checked; the trials are checked against each other
 
-    def _run_async(self) -> None:
-        """Ask whenever the pool has room and tell as jobs end, until the study has n_trials spent."""
+    def _run_trials(self) -> None:
+        """Ask whenever the launcher has room and tell as jobs end, until the study has n_trials spent."""
+        run_queue = getattr(self.launcher, "run_queue", self._run_batches)
         while True:
-            # Job numbers go on from the last run_queue's: every job it was given has ended.
-            self.launcher.run_queue(
-                self.next_job, self.on_done, first_index=self.first_job + len(self.returns)
-            )
+            # Job numbers go on from the last queue's: every job it was given has ended.
+            run_queue(self.next_job, self.on_done, first_index=self.first_job + len(self.returns))
             if self.outage is not None:
                 raise self.outage
             if self.finished_waiting():
                 return
 
-    def _run_batches(self) -> None:
-        """Batches of ``n_jobs`` trials for launchers without ``run_queue``; a refused trial ends a batch."""
-        job_idx = self.first_job
+    def _run_batches(self, next_job: Callable, on_done: Callable, first_index: int) -> None:
+        """``run_queue`` for launchers without one: batches of ``n_jobs`` trials. A batch's jobs are
+        numbered in a row, so a refused trial (never launched) ends one."""
+        job_idx = first_index
         while True:
-            batch, refused = [], None
+            batch: list[QueuedJob] = []
             while len(batch) < max(1, self.n_jobs):
-                job = self.next_job(job_idx + len(batch))
+                job = next_job(job_idx + len(batch))
                 if job is None or job.refusal is not None:
-                    refused = job
                     break
                 batch.append(job)
             if batch:
-                trial_env = f"++hydra.job.env_set.{TRIAL_ENV}="
-                overrides = [[*job.overrides, trial_env + _quoted(job.env[TRIAL_ENV])] for job in batch]
+                overrides = [[*queued.overrides, _env_set(queued.env)] for queued in batch]
                 returns = self.launcher.launch(overrides, initial_job_idx=job_idx)  # next_job checked each
                 for offset, job_return in enumerate(returns):
-                    self.on_done(job_idx + offset, job_return)
+                    on_done(job_idx + offset, job_return)
                 job_idx += len(batch)
-            if refused is not None:
-                self.on_done(job_idx, self._refused(job_idx, refused))
-                job_idx += 1
-            if self.outage is not None:
-                raise self.outage
-            if not batch and refused is None and self.finished_waiting():
+            if job is None:
                 return
+            if job.refusal is not None:
+                on_done(job_idx, self._refused(job_idx, job))
+                job_idx += 1
 
     def _refused(self, job_idx: int, job: QueuedJob) -> JobReturn:
         """A trial that fails a rule, never launched: its summary.json and the sweep's record say why."""
@@ -472,9 +452,7 @@ class OptunaSearch(PlanningSweeper):
         job_dir = self.sweep_dir / str(job_idx)
         try:
             config = job_config(self.hydra_context, self.config, job.overrides, job_idx)
-            not_started(config, job_dir, str(job.refusal), task_config(config)).write(
-                job_dir / "summary.json"
-            )
+            not_started(task_config(config), job_dir, str(job.refusal)).write(job_dir / "summary.json")
         finally:
             HydraConfig.instance().cfg = sweep_hydra_config
         return JobReturn(working_dir=str(job_dir))
@@ -663,41 +641,37 @@ class OptunaSearch(PlanningSweeper):
             time.sleep(WAIT_FOR_OTHERS_S)
 
     def _write_best_trial(self, final: bool = False) -> None:
-        """best_trial.yaml, after every completed trial and at the end (``final``: say what it holds)."""
-        record = self._best_trial()
-        path = self.sweep_dir / _BEST_TRIAL_FILE
-        if record is not None:
-            write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(record)))
-        if final and record is None:
-            log.warning("no trial of study %s completed: no %s", self.study.study_name, path.name)
-        elif final:
-            log.info("best trial %d: value %.4g; %s", record["trial"], record["value"], path)
-
-    def _best_trial(self) -> dict[str, Any] | None:
-        """best_trial.yaml's content: the best trial, its value, the command that trains it, the counts."""
+        """best_trial.yaml (the best trial, its value, the command that trains it, the counts), after
+        every completed trial and at the end (``final``: say what it holds)."""
         from optuna.trial import TrialState
 
         trials = self.study.get_trials(deepcopy=False)
+        path = self.sweep_dir / _BEST_TRIAL_FILE
         if not any(t.state == TrialState.COMPLETE for t in trials):
-            return None
+            if final:
+                log.warning("no trial of study %s completed: no %s", self.study.study_name, path.name)
+            return
         best = self.study.best_trial
         fixed = [a for a in self.space.fixed if not a.startswith(_SEARCH_ONLY) and not a.startswith("hydra.")]
         command = ["litlab-train", *fixed, *trial_overrides(best.params)]
         counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
         plain = (int, float, bool, type(None))
-        return {
+        record = {
             "study": self.study.study_name,
             "storage": redact_text(self.url),
             "direction": self.study.direction.name.lower(),
             "trial": best.number,
             "value": best.value,
             "params": {name: v if isinstance(v, plain) else str(v) for name, v in best.params.items()},
-            "command": " ".join(shlex.quote(part) for part in command),
+            "command": shlex.join(command),
             "job_dir": best.user_attrs.get("job_dir"),
             "host": best.user_attrs.get("host"),
             "n_trials": self.n_trials,
             "trials": {state: count for state, count in counts.items() if count},
         }
+        write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(record)))
+        if final:
+            log.info("best trial %d: value %.4g; %s", best.number, best.value, path)
 
 
 def _job_summary(trial: Any) -> dict[str, Any]:
@@ -723,5 +697,7 @@ def _record_study(study: optuna.Study, sweep_dir: Path) -> None:
             )
 
 
-def _quoted(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _env_set(env: dict[str, str]) -> str:
+    """A trial's env as the override that sets it in a batch launcher's job (a quoted Hydra string)."""
+    value = env[TRIAL_ENV].replace("\\", "\\\\").replace("'", "\\'")
+    return f"++hydra.job.env_set.{TRIAL_ENV}='{value}'"

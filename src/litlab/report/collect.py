@@ -58,7 +58,13 @@ class RunResult:
     timings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.timings = self.timings or _timing(self.summary)
+        # Unless given, a completed attempt's timing: ``shared`` with other jobs or runs, ``by`` which start.
+        summary, started = self.summary, self.summary.started_at
+        throughput, sweep = summary.throughput or {}, summary.sweep or {}
+        if self.timings or summary.status != COMPLETED or throughput.get("samples_per_second") is None:
+            return
+        by = str(sweep.get("timed_by") or sweep.get("dir") or started)  # older records: the sweep folder
+        self.timings = [{**throughput, "shared": bool(sweep.get("beside")), "by": by, "started_at": started}]
 
     @functools.cached_property
     def values(self) -> dict[str, Any]:
@@ -70,17 +76,6 @@ class RunResult:
         merged.update({key: value for key, value in recorded.items() if value is not None})
         merged[CODE_KEY] = summary.code_fingerprint[:8] if summary.code_fingerprint else None
         return {**merged, **(summary.groups or {})}
-
-
-def _timing(summary: Summary) -> list[dict[str, Any]]:
-    """A completed attempt's timing: ``shared`` with other jobs or runs, ``by`` which start of a sweep."""
-    throughput, sweep = summary.throughput or {}, summary.sweep or {}
-    if summary.status != COMPLETED or throughput.get("samples_per_second") is None:
-        return []
-    by = sweep.get("timed_by") or sweep.get("dir") or summary.started_at  # older records: the sweep folder
-    return [
-        {**throughput, "shared": bool(sweep.get("beside")), "by": str(by), "started_at": summary.started_at}
-    ]
 
 
 @functools.cache
@@ -119,7 +114,8 @@ def collect_runs(paths: Iterable[Path]) -> list[RunResult]:
             raise NoRuns(
                 f"{path} is neither a run directory (summary.json) nor a sweep directory (job folders)"
             )
-        runs.extend(_load_run(job, label=f"{prefix}{job.name}") for job in sorted(jobs, key=_job_order))
+        jobs.sort(key=lambda job: (int(job.name), "") if job.name.isdigit() else (sys.maxsize, job.name))
+        runs.extend(_load_run(job, label=f"{prefix}{job.name}") for job in jobs)
     return runs
 
 
@@ -155,28 +151,16 @@ def _is_run_dir(path: Path) -> bool:
     return (path / "summary.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
 
 
-def _job_order(path: Path) -> tuple[int, str]:
-    return (int(path.name), "") if path.name.isdigit() else (sys.maxsize, path.name)
-
-
 def _load_run(run_dir: Path, label: str) -> RunResult:
     """A run's summary.json; a job that wrote none is a failed run, as its .hydra/ config says."""
-    summary_path = run_dir / "summary.json"
-    summary = Summary.load(summary_path) if summary_path.is_file() else _stand_in(run_dir)
-    return RunResult(label=label, dir=run_dir, summary=summary)
-
-
-def _stand_in(run_dir: Path) -> Summary:
+    if (run_dir / "summary.json").is_file():
+        return RunResult(label, run_dir, Summary.load(run_dir / "summary.json"))
     candidates = (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml")
-    config = next((OmegaConf.load(p) for p in candidates if p.is_file()), None)
+    config = next((OmegaConf.load(p) for p in candidates if p.is_file()), OmegaConf.create())
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if overrides_file.is_file():  # the overrides as typed (hydra.yaml's are the same, resolved)
         hydra.overrides = {"task": OmegaConf.load(overrides_file)}
-    return Summary.of(
-        config if config is not None else OmegaConf.create(),
-        "no summary.json: the job's process was killed, or it is still running",
-        run_dir=run_dir,
-        hydra=hydra,
-    )
+    error = "no summary.json: the job's process was killed, or it is still running"
+    return RunResult(label, run_dir, Summary.of(config, error, run_dir=run_dir, hydra=hydra))

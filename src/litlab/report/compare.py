@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from litlab.report.collect import ALIASES, CODE_KEY, CompareError, RunResult, override_key
-from litlab.report.stats import estimate, significant, welch_p_value
+from litlab.report.stats import SIGNIFICANCE, estimate, welch_p_value
 from litlab.run.summary import COMPLETED, INTERRUPTED, NOT_STARTED, PRUNED, Summary, finite
 from litlab.run.sweep_record import SKIPPED
 
@@ -24,13 +24,6 @@ _OWN_COLUMN = {"precision", "trainer.accumulate_grad_batches", *DEVICE_KEYS}
 MICRO_BATCH = "data.batch_size"
 # Groups that choose which jobs a multirun has, not how a run trains (their settings are overrides).
 _NOT_SETTINGS = {"sweep", "hparams_search"}
-# A row's fields as its first run's summary recorded them.
-_AS_RECORDED = ("status", "accumulate_grad_batches", "devices", "num_nodes", "micro_batch_size")
-_AS_RECORDED += ("effective_batch_size", "pruned_epoch")
-# What compares a row with its baseline (``_compare``): None until then.
-_COMPARED = ("speed_up", "speed_up_p_value", "speed_up_significant", "timed_apart", "memory_ratio")
-_COMPARED += ("metric_delta", "metric_delta_p_value", "metric_delta_significant", "seconds_to_baseline")
-_COMPARED += ("baseline", "not_tested")
 
 
 @dataclass
@@ -43,11 +36,8 @@ class Report:
     swept_keys: list[str]  # keys whose value differs between the configurations
     context_keys: list[str]  # besides devices x nodes, what a row and its baseline share
     throughput_unit: str = "samples"  # "tokens" when every completed run counted tokens
-    sources: list[Path] = field(default_factory=list)
-    repeat_key: str | None = None  # "seed" when the runs were repeated with several seeds
     notes: list[str] = field(default_factory=list)  # runs reached twice, jobs that trained one run
     skipped: list[str] = field(default_factory=list)  # "#0: completed earlier (...); not trained again"
-    stopped: str | None = None  # why the sweep stopped before its end (a sweep's own report)
 
     @property
     def unfinished(self) -> list[dict[str, Any]]:
@@ -70,8 +60,7 @@ def unfinished(row: dict[str, Any]) -> bool:
 def build_report(
     runs: Sequence[RunResult], baseline: str = DEFAULT_BASELINE, metric: str | None = None
 ) -> Report:
-    """One row per configuration, each compared with its baseline (``key=value ...``, docs/sweeps.md).
-    ``metric``: ``name[:min|max]``."""
+    """One row per configuration, each compared with its baseline; ``metric``: ``name[:min|max]``."""
     if not runs:
         raise CompareError("no runs to compare")
     runs, notes = _distinct_runs(runs)
@@ -93,9 +82,7 @@ def build_report(
         for overrides in run.same_run_overrides
     ]
     skipped = [f"{run.label}: {run.note or 'completed earlier'}" for run in runs if run.outcome == SKIPPED]
-    return Report(
-        rows, metric, mode, test, baseline, settings, context_keys, unit, [], repeat_key, notes, skipped
-    )
+    return Report(rows, metric, mode, test, baseline, settings, context_keys, unit, notes, skipped)
 
 
 def _compare_with_baselines(
@@ -286,9 +273,11 @@ def _row(
     swept: list[str],
     repeat_key: str | None,
 ) -> dict[str, Any]:
-    """A configuration's row: each figure's mean and 95 % interval over one value per distinct seed,
-    throughput over its timings; ``_compare`` fills in the comparison with its baseline."""
-    summary, seeds, timings = runs[0].summary, _latest_per_seed(runs, repeat_key), _timings(runs)
+    """A configuration's row, its fields in report.csv's order: each figure's mean and 95 % interval
+    over one value per distinct seed, throughput over its timings; ``_compare`` fills in the comparison."""
+    summary, seeds = runs[0].summary, _latest_per_seed(runs, repeat_key)
+    timings = [t for run in runs for t in run.timings]
+    timings = [t for t in timings if not t["shared"]] or timings  # solo ones where any, never mixed
 
     def each(field: str, name: str | None) -> list[Any]:
         return [(getattr(seed, field) or {}).get(name) for seed in seeds.values()]
@@ -296,44 +285,51 @@ def _row(
     memory_kinds = set(each("memory", "kind"))
     memory_kind = memory_kinds.pop() if len(memory_kinds) == 1 else None
     findings = [entry for run in runs for entry in run.summary.diagnosis or []]  # litlab.run.doctor's
+    own_column = {*_OWN_COLUMN, *([MICRO_BATCH] if summary.settings else [])}
+    recorded = ("accumulate_grad_batches", "devices", "num_nodes", "micro_batch_size", "effective_batch_size")
     return {
         "run": ", ".join(run.label for run in runs),
-        **{name: getattr(summary, name) for name in _AS_RECORDED},
+        "status": summary.status,
+        "differs": {
+            k: runs[0].values.get(k) for k in swept if k not in own_column and not k.startswith("precision.")
+        },
         "n": len(seeds),
         "seeds": [key for key in seeds if not isinstance(key, tuple)] if repeat_key else [],
         "precision": (summary.groups or {}).get("precision"),
         "precision_requested": (summary.precision or {}).get("requested"),
         "precision_effective": (summary.precision or {}).get("effective"),
+        **{name: getattr(summary, name) for name in recorded},
         **_interval("samples_per_second", [t["samples_per_second"] for t in timings]),
         **_interval("tokens_per_second", [t.get("tokens_per_second") for t in timings]),
         "timings": len(timings),
+        "timed_by": sorted({t["by"] for t in timings}),
         "seconds_per_epoch": estimate(each("throughput", "seconds_per_epoch")).mean,
         "memory_kind": memory_kind,
         **_interval("peak_memory_mib", each("memory", "peak_mib"), memory_kind is not None),
         **_interval("metric", each("metrics", metric)),
         "test_metric": estimate(each("metrics", test_metric)).mean,
-        **dict.fromkeys(_COMPARED),
+        # What ``_compare`` fills in: None until then.
+        **dict.fromkeys(
+            ("speed_up", "speed_up_p_value", "speed_up_significant", "timed_apart", "memory_ratio")
+        ),
+        **dict.fromkeys(("metric_delta", "metric_delta_p_value", "metric_delta_significant")),
+        **dict.fromkeys(("seconds_to_baseline", "baseline")),
         "is_baseline": False,
+        "pruned_epoch": summary.pruned_epoch,
         # Timed beside other jobs or processes (the pool's record of the attempt): not a solo timing.
         "shared_node": bool(timings) and all(t["shared"] for t in timings),
-        "timed_by": sorted({t["by"] for t in timings}),
         "resumed_across": list(dict.fromkeys(c for run in runs for c in run.summary.resumed_across or [])),
-        "differs": {k: runs[0].values.get(k) for k in swept if not _has_own_column(k, runs[0])},
         "diagnosis": list(dict.fromkeys(entry.get("symptom") for entry in findings)),
         "error": _error_text(summary),
         "run_dir": ";".join(str(run.dir) for run in runs),
-        # Not report.csv's: the values behind Welch's tests, the doctor's findings, a curve per seed.
+        # Not report.csv's (render's ``_NOT_CSV``): why a figure was not tested, the values behind
+        # Welch's tests, the doctor's findings, a curve per seed.
+        "not_tested": None,
         "samples_per_second_values": [t["samples_per_second"] for t in timings],
         "metric_values": each("metrics", metric),
         "findings": findings,
         "curves": [curve(seed, metric) for seed in seeds.values()],
     }
-
-
-def _timings(runs: list[RunResult]) -> list[dict[str, Any]]:
-    """Every completed attempt's timing; only the solo ones where there are any (never mixed with shared)."""
-    timings = [t for run in runs for t in run.timings]
-    return [t for t in timings if not t["shared"]] or timings
 
 
 def _compare(row: dict[str, Any], base: dict[str, Any], mode: str) -> None:
@@ -357,13 +353,8 @@ def _compare(row: dict[str, Any], base: dict[str, Any], mode: str) -> None:
     for name, figure in (("speed_up", "samples_per_second"), ("metric_delta", "metric")):
         if row[name] is not None and tested and not (name == "speed_up" and row["timed_apart"]):
             p_value = welch_p_value(row[f"{figure}_values"], base[f"{figure}_values"])
-            row[f"{name}_p_value"], row[f"{name}_significant"] = p_value, significant(p_value)
-
-
-def _has_own_column(key: str, run: RunResult) -> bool:
-    if key == MICRO_BATCH:
-        return bool(run.summary.settings)
-    return key in _OWN_COLUMN or key.startswith("precision.")
+            row[f"{name}_p_value"] = p_value
+            row[f"{name}_significant"] = None if p_value is None else p_value < SIGNIFICANCE
 
 
 def _error_text(summary: Any) -> str | None:

@@ -1,5 +1,4 @@
-"""Write a report: report.md (the table), report.csv (every column) and report.png (the plot), all
-three from one table of columns (``_COLUMNS``)."""
+"""Write a report: report.md (the table), report.csv (every field of the rows) and report.png (the plot)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from litlab.errors import one_line
 from litlab.report.collect import CODE_KEY, collect_runs
@@ -28,15 +27,14 @@ def report_runs(
 ) -> Report:
     """Collect, compare and write the runs under ``paths``; ``stopped``: why the sweep stopped early."""
     report = build_report(collect_runs(paths), baseline=baseline, metric=metric)
-    report.sources, report.stopped = list(paths), stopped
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "report.csv").open("w", newline="") as file:
         writer = csv.writer(file)
-        columns = _columns(report)
-        writer.writerow([_format(c.csv or c.key, report) for c in columns])
-        writer.writerows([_csv_value(row.get(c.key)) for c in columns] for row in report.rows)
+        columns = _csv_columns(report)
+        writer.writerow(columns.values())
+        writer.writerows([_csv_value(row[key]) for key in columns] for row in report.rows)
     plot(report).savefig(out_dir / "report.png", dpi=110)
-    (out_dir / "report.md").write_text(_render_markdown(report))
+    (out_dir / "report.md").write_text(_render_markdown(report, paths, stopped))
     stop = f"; the sweep stopped before its end: {stopped}" if stopped else ""
     log.info(f"report of {_headline(report)}: {out_dir / 'report.md'}{stop}")
     return report
@@ -45,24 +43,26 @@ def report_runs(
 # --- the columns ------------------------------------------------------------------------------------
 
 
-class _Column(NamedTuple):
-    key: str  # the row's field
-    header: str | None = None  # report.md's header; None: report.csv only
-    cell: Callable[[dict[str, Any]], str] | int | None = None  # a function of the row, decimals, or as text
-    csv: str | None = None  # report.csv's name where not ``key`` ({metric}: the report's)
+# Row fields behind the figures; every other field of a row is a column of report.csv, in its order.
+_NOT_CSV = {"not_tested", "samples_per_second_values", "metric_values", "findings", "curves"}
+# report.csv's names of the metric's fields and of the fields named after them (``metric_ci95_low``).
+_CSV_NAMES = {
+    "metric": "{metric}",
+    "metric_delta": "delta_{metric}",
+    "test_metric": "{test_metric}",
+    "seconds_to_baseline": "seconds_to_baseline_{metric}",
+}
 
 
-def _family(
-    key: str, header: str, cell: Any, parts: tuple[str, str], csv: str | None = None
-) -> list[_Column]:
-    """A figure and the CSV-only fields that go with it (``key_<part>``)."""
-    return [_Column(key, header, cell, csv), *(_Column(f"{key}_{p}", csv=f"{csv or key}_{p}") for p in parts)]
-
-
-def _columns(report: Report) -> list[_Column]:
-    """The columns; those of the metric only where the runs have one."""
-    about_metric = ("{metric}", "{test_metric}")
-    return [c for c in _COLUMNS if report.metric or not any(m in f"{c.header}{c.csv}" for m in about_metric)]
+def _csv_columns(report: Report) -> dict[str, str]:
+    """report.csv's columns, {field: name}; those of the metric only where the runs have one."""
+    columns = {}
+    for key in report.rows[0]:
+        base = max((b for b in _CSV_NAMES if key == b or key.startswith(f"{b}_")), key=len, default=key)
+        name = _CSV_NAMES.get(base, base) + key[len(base) :]
+        if key not in _NOT_CSV and (report.metric or "{" not in name):
+            columns[key] = _format(name, report)
+    return columns
 
 
 def _format(template: str, report: Report) -> str:
@@ -75,26 +75,25 @@ def _csv_value(value: Any) -> Any:
     return ";".join(map(str, value)) if isinstance(value, list) else "" if value is None else value
 
 
-def _cell(column: _Column, row: dict[str, Any]) -> str:
-    if isinstance(column.cell, int):
-        return _number(row[column.key], column.cell)
-    return column.cell(row) if column.cell else _text(row[column.key])
+def _cell(key: str, row: dict[str, Any]) -> str:
+    cell = _CELLS[key][1]
+    if isinstance(cell, int):
+        return _number(row[key], cell)
+    return cell(row) if cell else _text(row[key])
 
 
 # --- report.md ------------------------------------------------------------------------------------
 
 
-def _render_markdown(report: Report) -> str:
+def _render_markdown(report: Report, sources: Sequence[Path], stopped: str | None) -> str:
     """What was compared, the table, its marks, the statistics in words, the runs that did not complete."""
     shared_keys = ", ".join("code version" if key == CODE_KEY else f"`{key}`" for key in report.context_keys)
     lines = [
         "# Sweep report",
         "",
-        f"{_headline(report)} from {', '.join(f'`{p}`' for p in report.sources)}.",
+        f"{_headline(report)} from {', '.join(f'`{p}`' for p in sources)}.",
         "",
-    ]
-    lines += [f"**The sweep stopped before its end**: {report.stopped}.", ""] if report.stopped else []
-    lines += [
+        *([f"**The sweep stopped before its end**: {stopped}.", ""] if stopped else []),
         *_best_line(report),
         f"Baseline: the first completed configuration with `{report.baseline}` and the same devices x nodes"
         + (f" and the same {shared_keys}" if shared_keys else "")
@@ -107,8 +106,6 @@ def _render_markdown(report: Report) -> str:
         f"confidence interval; p: Welch's t-test against the baseline (p < {SIGNIFICANCE:g}: beyond "
         "run-to-run noise); each column in litlab's docs/sweeps.md.",
         "",
-    ]
-    lines += [
         *_mark_lines(report),
         "![throughput, peak memory and learning curves per configuration](report.png)",
         "",
@@ -136,28 +133,21 @@ def _mark_lines(report: Report) -> list[str]:
     """What each mark (†, ‡) says, where a row has it."""
     shared = ", ".join(row["run"] for row in report.rows if row["shared_node"])
     apart = ", ".join(row["run"] for row in report.rows if row["timed_apart"] or len(row["timed_by"]) > 1)
-    lines = []
-    if shared:
-        lines += [
-            f"† Shared the node: other jobs or runs trained beside {shared} (the sweep's record: "
-            "`sweep.beside`), so their throughput is not a solo timing. For solo timings run the sweep again "
-            "with `hydra.launcher.devices=1 resume=never`: a row then takes its solo timings only.",
-            "",
-        ]
-    if apart:
-        lines += [
-            f"‡ Timed under other conditions: {apart} were timed by another start of a sweep (or runs of "
-            "their own) than their baseline, or combine such timings (report.csv `timed_by`): another load "
-            "of the machine may be in the difference, so the speed-up is not tested.",
-            "",
-        ]
-    return lines
+    marks = {  # {what it says: the rows with it}
+        f"† Shared the node: other jobs or runs trained beside {shared} (the sweep's record: "
+        "`sweep.beside`), so their throughput is not a solo timing. For solo timings run the sweep again "
+        "with `hydra.launcher.devices=1 resume=never`: a row then takes its solo timings only.": shared,
+        f"‡ Timed under other conditions: {apart} were timed by another start of a sweep (or runs of "
+        "their own) than their baseline, or combine such timings (report.csv `timed_by`): another load "
+        "of the machine may be in the difference, so the speed-up is not tested.": apart,
+    }
+    return [line for text, runs in marks.items() if runs for line in (text, "")]
 
 
 def _table(report: Report) -> list[str]:
     """report.md's table; a column no row has a value in is left out."""
-    columns = [c for c in _columns(report) if c.header]
-    table = [(_format(c.header, report), [_cell(c, row) for row in report.rows]) for c in columns]
+    columns = [key for key in _csv_columns(report) if key in _CELLS]
+    table = [(_format(_CELLS[key][0], report), [_cell(key, row) for row in report.rows]) for key in columns]
     table = [(header, cells) for header, cells in table if any(cell not in ("", "–") for cell in cells)]
     lines = [
         "| " + " | ".join(header for header, _ in table) + " |",
@@ -307,49 +297,33 @@ def _one_line(text: Any, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-_INTERVAL, _TEST = ("ci95_low", "ci95_high"), ("p_value", "significant")  # report.md says ± and (p=...)
-_COLUMNS = [
-    _Column("run", "run"),
-    _Column("status", "status", _status_cell),
-    _Column("differs", "differs", _differs_cell),
-    _Column("n", "n"),
-    _Column("seeds", "seed", lambda r: ", ".join(_text(seed) for seed in r["seeds"])),
-    _Column("precision"),
-    _Column("precision_requested", "precision (requested → ran)", _precision_cell),
-    _Column("precision_effective"),
-    _Column("accumulate_grad_batches", "accumulation"),
-    _Column("devices", "devices x nodes", lambda r: f"{_text(r['devices'])} x {_text(r['num_nodes'])}"),
-    _Column("num_nodes"),
-    _Column("micro_batch_size", "micro-batch"),
-    _Column("effective_batch_size", "effective batch"),
-    *_family("samples_per_second", "samples/s", lambda r: _timing_cell(r, "samples_per_second"), _INTERVAL),
-    *_family("tokens_per_second", "tokens/s", lambda r: _timing_cell(r, "tokens_per_second"), _INTERVAL),
-    _Column("timings"),  # the timings behind the throughput: every completed attempt's (solo ones first)
-    _Column("timed_by"),  # which sweep's start (or run) took them
-    _Column("seconds_per_epoch", "s/epoch", 2),
-    _Column("memory_kind"),
-    *_family("peak_memory_mib", "peak memory / device (MiB)", _memory_cell, _INTERVAL),
-    *_family("metric", "{metric}", lambda r: _estimate_cell(r, "metric", 4), _INTERVAL, "{metric}"),
-    _Column("test_metric", "{test_metric}", 4, "{test_metric}"),
-    *_family("speed_up", "speed-up", lambda r: _compared(r, "speed_up", 2, "x"), _TEST),
-    _Column("timed_apart"),  # timed under other conditions than its baseline: the speed-up is not tested
-    _Column("memory_ratio", "memory ratio", lambda r: _number(r["memory_ratio"], 2, "x")),
-    *_family(
-        "metric_delta", "Δ {metric}", lambda r: _compared(r, "metric_delta", 4), _TEST, "delta_{metric}"
-    ),
-    _Column("seconds_to_baseline", "s to baseline's {metric}", 1, "seconds_to_baseline_{metric}"),
-    _Column(
-        "baseline", "baseline", lambda r: "**baseline**" if r["is_baseline"] else r["baseline"] or "none"
-    ),
-    _Column("is_baseline"),
-    _Column("pruned_epoch"),
-    _Column("shared_node"),
-    _Column("resumed_across"),
-    _Column("diagnosis", "doctor", lambda r: ", ".join(r["diagnosis"])),
-    _Column("error", "error", lambda r: _one_line(r["error"], limit=120) if unfinished(r) else ""),
-    _Column("run_dir"),
-]
-_HEADERS = {column.key: column.header for column in _COLUMNS}
+# report.md's columns, in report.csv's order: {field: (header, cell)}; a cell is a function of the row,
+# decimals, or None: the field as text.
+_CELLS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | int | None]] = {
+    "run": ("run", None),
+    "status": ("status", _status_cell),
+    "differs": ("differs", _differs_cell),
+    "n": ("n", None),
+    "seeds": ("seed", lambda r: ", ".join(_text(seed) for seed in r["seeds"])),
+    "precision_requested": ("precision (requested → ran)", _precision_cell),
+    "accumulate_grad_batches": ("accumulation", None),
+    "devices": ("devices x nodes", lambda r: f"{_text(r['devices'])} x {_text(r['num_nodes'])}"),
+    "micro_batch_size": ("micro-batch", None),
+    "effective_batch_size": ("effective batch", None),
+    "samples_per_second": ("samples/s", lambda r: _timing_cell(r, "samples_per_second")),
+    "tokens_per_second": ("tokens/s", lambda r: _timing_cell(r, "tokens_per_second")),
+    "seconds_per_epoch": ("s/epoch", 2),
+    "peak_memory_mib": ("peak memory / device (MiB)", _memory_cell),
+    "metric": ("{metric}", lambda r: _estimate_cell(r, "metric", 4)),
+    "test_metric": ("{test_metric}", 4),
+    "speed_up": ("speed-up", lambda r: _compared(r, "speed_up", 2, "x")),
+    "memory_ratio": ("memory ratio", lambda r: _number(r["memory_ratio"], 2, "x")),
+    "metric_delta": ("Δ {metric}", lambda r: _compared(r, "metric_delta", 4)),
+    "seconds_to_baseline": ("s to baseline's {metric}", 1),
+    "baseline": ("baseline", lambda r: "**baseline**" if r["is_baseline"] else r["baseline"] or "none"),
+    "diagnosis": ("doctor", lambda r: ", ".join(r["diagnosis"])),
+    "error": ("error", lambda r: _one_line(r["error"], limit=120) if unfinished(r) else ""),
+}
 
 
 # --- report.png ---------------------------------------------------------------------------------
@@ -377,16 +351,14 @@ def _draw_bars(report: Report, figure: Any, colors: dict[str, str]) -> None:
     rows, positions = report.rows, range(len(report.rows))
     throughput_axis, memory_axis = figure.subplots(2, 1, sharex=True)
     throughput = f"{report.throughput_unit}_per_second"
+    color = [colors[str(row["precision"])] for row in rows]
     for axis, name in ((throughput_axis, throughput), (memory_axis, "peak_memory_mib")):
         values = [float(row[name]) if finite(row[name]) else 0.0 for row in rows]
-        color, error = (
-            [colors[str(row["precision"])] for row in rows],
-            [_half_width(row, name) for row in rows],
-        )
+        error = [_half_width(row, name) for row in rows]
         bars = axis.bar(positions, values, color=color, edgecolor="black", yerr=error, capsize=4)
         for bar, row in zip(bars, rows, strict=True):
             bar.set_hatch("//" if row["is_baseline"] else "")
-        axis.set_ylabel(_HEADERS[name])
+        axis.set_ylabel(_CELLS[name][0])
     for position, row in zip(positions, rows, strict=True):
         top = max([v for v in (row[throughput], row[f"{throughput}_ci95_high"]) if finite(v)], default=0.0)
         style = {"textcoords": "offset points", "ha": "center", "fontsize": 7}
@@ -427,10 +399,8 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
         by_time.set_title("no metric to plot (optimized_metric is null; --metric names one)", fontsize=9)
         return
     styles: dict[str, int] = {}  # runs of one precision are told apart by the line style
-    drawn = 0
-    for row in report.rows:
-        if not any(row["curves"]):
-            continue
+    drawn = [row for row in report.rows if any(row["curves"])]
+    for row in drawn:
         precision, label = str(row["precision"]), _config_label(row, report, " ")
         styles[precision] = styles.get(precision, -1) + 1
         line = {"color": colors[precision], "linestyle": _LINE_STYLES[styles[precision] % 4], "marker": "."}
@@ -442,14 +412,13 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
             samples = [point["samples"] for point in points]
             if all(finite(n) for n in samples):
                 by_samples.plot(samples, values, **line)
-        drawn += 1
     by_time.set_xlabel("wall-clock seconds of training")
     by_samples.set_xlabel("training samples seen (all ranks)")
     by_time.set_ylabel(report.metric)
     for axis in (by_time, by_samples):
         axis.grid(alpha=0.3)
     if drawn:
-        by_time.legend(fontsize=7, ncol=2 if drawn > 6 else 1)
+        by_time.legend(fontsize=7, ncol=2 if len(drawn) > 6 else 1)
     else:
         by_time.set_title("no per-epoch history in these runs' summary.json", fontsize=9)
     figure.suptitle(
@@ -459,20 +428,15 @@ def _draw_curves(report: Report, figure: Any, colors: dict[str, str]) -> None:
 
 def _config_label(row: dict[str, Any], report: Report, separator: str = "\n") -> str:
     """What sets the row apart: a part per differing setting (one line each in the plot's labels)."""
-    parts = []
-    for key in report.swept_keys:
-        if key.startswith("precision."):
-            continue
-        if key in DEVICE_KEYS:
-            parts.append(f"{_text(row['devices'])} x {_text(row['num_nodes'])} devices")
-        elif key == "precision":
-            parts.append(str(row["precision"]))
-        elif key == "trainer.accumulate_grad_batches":
-            parts.append(f"acc {row['accumulate_grad_batches']}")
-        elif key == MICRO_BATCH and key not in row["differs"]:
-            parts.append(f"batch {_text(row['micro_batch_size'])}")
-        else:
-            parts.append(
-                f"{'code' if key == CODE_KEY else key.rsplit('.', 1)[-1]}={_text(row['differs'].get(key))}"
-            )
-    return separator.join(dict.fromkeys(parts)) or row["run"]
+    parts = {  # a swept key is in ``differs`` or has a column of its own (precision.*: precision's)
+        **dict.fromkeys(DEVICE_KEYS, f"{_text(row['devices'])} x {_text(row['num_nodes'])} devices"),
+        "precision": str(row["precision"]),
+        "trainer.accumulate_grad_batches": f"acc {row['accumulate_grad_batches']}",
+        MICRO_BATCH: f"batch {_text(row['micro_batch_size'])}",
+        **{
+            key: f"{'code' if key == CODE_KEY else key.rsplit('.', 1)[-1]}={_text(value)}"
+            for key, value in row["differs"].items()
+        },
+    }
+    said = dict.fromkeys(parts[key] for key in report.swept_keys if key in parts)
+    return separator.join(said) or row["run"]

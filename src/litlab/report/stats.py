@@ -53,8 +53,3 @@ def welch_p_value(sample: Iterable[Any], reference: Iterable[Any]) -> float | No
         warnings.simplefilter("ignore", RuntimeWarning)
         p_value = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
     return p_value if math.isfinite(p_value) else None
-
-
-def significant(p_value: float | None) -> bool | None:
-    """Whether a difference exceeds run-to-run noise; None when not tested."""
-    return None if p_value is None else p_value < SIGNIFICANCE

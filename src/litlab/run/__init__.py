@@ -1,5 +1,4 @@
-"""One run: build its parts (build, combinations, loggers), fit with out-of-memory handling (oom), its
-life and outcome (lifecycle, summary, doctor), its ranks failing together (failures) and each rank's
-one watch for dead peers, hangs and SIGTERM (hangs), how a failing run ends in one line (ending), and a
-sweep's record of its jobs (sweep_record).
+"""One run: its parts built (build, combinations, loggers), fitted (oom), ended and recorded (lifecycle,
+summary, doctor, ending), its ranks watched and failing together (hangs, failures); a sweep's record of
+its jobs (sweep_record).
 """

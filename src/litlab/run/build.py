@@ -1,8 +1,5 @@
-"""Config -> objects -> ``lightning.Trainer``: the one place that instantiates a run's parts.
-
-``cfg.model`` is your LightningModule, ``cfg.data`` your LightningDataModule taking the micro-batch as
-``batch_size`` (docs/contract.md); the engine adds its own callbacks to every Trainer. A logger,
-strategy, callback or profiler that raises while it is built ends the run in one line (``PartRefused``).
+"""Config -> objects -> ``lightning.Trainer``: the one place that instantiates a run's parts
+(docs/contract.md). A part that raises while it is built ends the run in one line (``PartRefused``).
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from litlab.callbacks.combined import combine
@@ -32,14 +30,13 @@ from litlab.callbacks.logger_runs import LoggerRuns
 from litlab.callbacks.model_summary import ModelSummaryWithMeasuredFlops
 from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.callbacks.pruning import TrialPruning
-from litlab.callbacks.reseed import ReseedEveryStep
 from litlab.callbacks.run_stats import RunStats
 from litlab.callbacks.world import WorldCheck
 from litlab.config.identity import once
 from litlab.config.pruners import trial_from_env
 from litlab.config.redact import Redaction
 from litlab.config.rules import ConfigError, batch_sizes
-from litlab.data import WholeGlobalBatches
+from litlab.data.tensor_batches import ReseedEveryStep, WholeGlobalBatches
 from litlab.errors import LitlabError, first_line, one_line, warn_about_setup
 from litlab.logs import route_lightning_logs_to_root
 from litlab.run.combinations import check_combination, trainer_errors
@@ -61,19 +58,14 @@ log = logging.getLogger(__name__)
 route_lightning_logs_to_root()
 
 
-def _skip_nvml_probe_without_a_driver() -> None:
-    """Without an NVIDIA driver, Lightning's PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch dlopen NVML on
-    every ``torch.cuda.is_available()``, which Adam asks each step (docs/performance.md); there is no
-    CUDA to initialise, so the ordinary check is as safe."""
-    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1" or sys.platform != "linux":
-        return
+# Without an NVIDIA driver, Lightning's PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch dlopen NVML on every
+# torch.cuda.is_available(), which Adam asks each step (docs/performance.md); with no CUDA to initialise,
+# the ordinary check is as safe.
+if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and sys.platform == "linux":
     try:
         ctypes.CDLL("libnvidia-ml.so.1")  # what torch loads for the NVML check
     except OSError:
         del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-
-
-_skip_nvml_probe_without_a_driver()
 
 
 class PartRefused(LitlabError):
@@ -84,8 +76,11 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
     """The Trainer, module and datamodule of a run."""
     try:
         trainer = build_trainer(cfg, run)
-    except PartRefused as refused:
-        _record_refusal(cfg, run, refused.reason)
+    except PartRefused as refused:  # ended before its Trainer existed: a `failed` summary.json all the same
+        if run.is_global_zero:
+            run.write_summary_json(
+                Summary.of(cfg, refused.reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
+            )
         raise
     sizes = batch_sizes(cfg.data, cfg.trainer, trainer.world_size, cfg.global_batch_size)
     run.batch_sizes = sizes
@@ -104,16 +99,13 @@ def build(cfg: DictConfig, run: Run) -> tuple[L.Trainer, L.LightningModule, L.Li
 
 
 def build_datamodule(cfg: DictConfig, micro_batch_size: int | None) -> L.LightningDataModule:
-    """Your ``data._target_`` with the config's arguments and ``batch_size`` = the micro-batch, where
-    there is one."""
+    """Your ``data._target_``, with ``batch_size`` = the micro-batch where there is one."""
     sized = {} if micro_batch_size is None else {"batch_size": micro_batch_size}
     return _instantiate("data", cfg.data, L.LightningDataModule, **sized)
 
 
 def build_module(cfg: DictConfig) -> L.LightningModule:
-    """Your ``model._target_``, with its optimizer and scheduler partials as the config wires them;
-    with ``compile=true``, its ``forward`` compiled: the steps that call ``self(...)`` run the
-    compiled network."""
+    """Your ``model._target_``; with ``compile=true`` its ``forward`` compiled (what ``self(...)`` runs)."""
     module = _instantiate(
         "model", cfg.model, L.LightningModule, hint=" (a network goes inside it, e.g. model.net)"
     )
@@ -128,10 +120,7 @@ def build_module(cfg: DictConfig) -> L.LightningModule:
 
 
 def _configure_optimizers_in_one_line(module: L.LightningModule) -> None:
-    """An error raised in your ``configure_optimizers`` (a config called as the optimizer: with
-    ``_recursive_: false`` it arrives as config) as one line naming the class and the line of your code."""
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
+    """An error in your ``configure_optimizers`` as one line naming the class and your line of code."""
     if not is_overridden("configure_optimizers", module, L.LightningModule):
         return
     configure, name = module.configure_optimizers, type(module).__name__
@@ -158,10 +147,9 @@ def _configure_optimizers_in_one_line(module: L.LightningModule) -> None:
 
 
 def check_by_building(cfg: DictConfig) -> None:
-    """Build what is cheap to build, as the run will: the accelerator x strategy check, the datamodule
-    (constructors take values, the data loads in ``setup``), and the optimizer partial on one
-    parameter. Raises ConfigError with the setting that was rejected. The module is not built here:
-    a large network would be built twice."""
+    """Build what is cheap, as the run will (the accelerator x strategy check, the datamodule, the optimizer
+    partial on one parameter); a ConfigError names the rejected setting. Not the module: a large network
+    would be built twice."""
     import torch
 
     sizes = batch_sizes(cfg.data, cfg.trainer, global_batch=cfg.global_batch_size)
@@ -187,8 +175,7 @@ def check_by_building(cfg: DictConfig) -> None:
 def _instantiate(
     group: str, node: DictConfig, kind: type | None = None, hint: str = "", **kwargs: Any
 ) -> Any:
-    """``hydra.utils.instantiate``, with what a constructor rejects, or an object not of ``kind``, as one
-    line naming the group."""
+    """``hydra.utils.instantiate``; a rejected argument, or an object not of ``kind``: one line."""
     try:
         made = instantiate(node, **kwargs, _convert_="all")
     except InstantiationException as error:
@@ -210,8 +197,7 @@ def _choice(group: str) -> str:
 
 
 class NoProfiler(PassThroughProfiler):
-    """Lightning's PassThroughProfiler without its generator-based context around every hook call
-    (docs/performance.md): one shared context that does nothing."""
+    """PassThroughProfiler without a generator-based context around every hook call (docs/performance.md)."""
 
     _nothing = contextlib.nullcontext()
 
@@ -221,8 +207,7 @@ class NoProfiler(PassThroughProfiler):
 
 @contextlib.contextmanager
 def refused_in_one_line(part: str, target: Any, settings: Any = None) -> Iterator[None]:
-    """What a configured part raises while it is built, as one line naming the part (``logger=mlflow``,
-    ``callbacks.early_stopping``), its class and the library's reason (``PartRefused``)."""
+    """What a part raises while it is built, as one line naming the part, its class and the reason."""
     try:
         yield
     except LitlabError:
@@ -230,43 +215,22 @@ def refused_in_one_line(part: str, target: Any, settings: Any = None) -> Iterato
     except Exception as error:
         cause = error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error
         log.debug("%s refused to build", part, exc_info=cause)
-        raise PartRefused(f"{part}: {_refusal(str(target or ''), cause, settings or {})}") from error
+        target, reason = str(target or ""), f"{type(cause).__name__}: {one_line(cause)}"
+        said = f"{target.rsplit('.', 1)[-1] or 'it'} refused to start: {reason}"
+        if target.endswith("MLFlowLogger") and "file" in reason.lower() and "store" in reason.lower():
+            import mlflow
 
-
-def _refusal(target: str, error: BaseException, settings: Any) -> str:
-    """The library's reason, with what to do where litlab knows it."""
-    reason = f"{type(error).__name__}: {one_line(error)}"
-    if target.endswith("MLFlowLogger") and "file" in reason.lower() and "store" in reason.lower():
-        import mlflow
-
-        uri = settings.get("tracking_uri") or mlflow.get_tracking_uri()
-        return (
-            f"MLflow refuses the tracking URI {uri}: {reason} (set "
-            "MLFLOW_TRACKING_URI=sqlite:///PATH/mlflow.db, or unset it for litlab's own "
-            "sqlite:///<log dir>/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true)"
-        )
-    return f"{target.rsplit('.', 1)[-1] or 'it'} refused to start: {reason}"
-
-
-def _record_refusal(cfg: DictConfig, run: Run, reason: str) -> None:
-    """summary.json ``failed`` of a run that ended before its Trainer existed (rank 0 writes it)."""
-    if not run.is_global_zero:
-        return
-    run.write_summary_json(
-        Summary.of(cfg, reason, run_dir=run.dir, hydra=HydraConfig.get(), sweep=sweep_job())
-    )
-
-
-def _part_name(group: str, name: str) -> str:
-    """``logger=mlflow`` when the group's option is that one part, ``logger=many (logger.mlflow)``
-    when it holds several."""
-    choice = _choice(group)
-    return f"{group}={name}" if choice == name else f"{group}={choice} ({group}.{name})"
+            uri = (settings or {}).get("tracking_uri") or mlflow.get_tracking_uri()
+            said = (
+                f"MLflow refuses the tracking URI {uri}: {reason} (set "
+                "MLFLOW_TRACKING_URI=sqlite:///PATH/mlflow.db, or unset it for litlab's own "
+                "sqlite:///<log dir>/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true)"
+            )
+        raise PartRefused(f"{part}: {said}") from error
 
 
 def _build_profiler(name: str | None) -> Any:
-    """``trainer.profiler``: Lightning's profiler of that name (built here, so that one that cannot
-    start is named in one line), or NoProfiler."""
+    """Lightning's profiler of that name (built here: one that cannot start is said in one line), or none."""
     if not name:
         return NoProfiler()
     from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler, XLAProfiler
@@ -285,14 +249,14 @@ def _check_combination(cfg: DictConfig) -> None:
     once("combination", pair, lambda: check_combination(cfg.trainer, cfg.strategy))
 
 
-def build_trainer(cfg: DictConfig, run: Run, redaction: Redaction | None = None) -> L.Trainer:
-    redaction = redaction or Redaction.of(cfg)
+def build_trainer(cfg: DictConfig, run: Run) -> L.Trainer:
+    redaction = Redaction.of(cfg)
     _check_combination(cfg)  # no such GPU, FSDP on a CPU: one line, not a traceback
     loggers = build_loggers(cfg, run, redaction)
-    callbacks = build_callbacks(cfg, run, has_logger=bool(loggers), redaction=redaction)
+    callbacks = build_callbacks(cfg, run, bool(loggers), redaction)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["profiler"] = _build_profiler(trainer_args.get("profiler"))  # simple, advanced, pytorch
-    # The engine adds its own model summary (_engine_callbacks); Lightning's would be a second one.
+    # The engine adds its own model summary (build_callbacks); Lightning's would be a second one.
     trainer_args["enable_model_summary"] = False
     with trainer_errors(cfg.trainer, cfg.strategy, cfg.precision):
         trainer = L.Trainer(
@@ -324,21 +288,24 @@ def build_strategy(strategy_cfg: DictConfig) -> Any:
         return instantiate(OmegaConf.create(args), _convert_="all")
 
 
-def _engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction) -> list[Callback]:
-    """The callbacks every run has, whatever its task: they make the engine's guarantees hold."""
+def build_callbacks(
+    cfg: DictConfig, run: Run, has_logger: bool = True, redaction: Redaction | None = None
+) -> list[Callback]:
+    """The engine's callbacks, which every run has, and the ``callbacks`` group's, combined into one."""
+    redaction = redaction or Redaction.of(cfg)
     nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
     # Throughput, history and input wait for summary.json.
-    run.stats = RunStats(cfg.optimized_metric, skips=nonfinite.report)
+    stats = run.stats = RunStats(cfg.optimized_metric, skips=nonfinite.report)
     world = WorldCheck()  # a run never reports ranks it did not have
     run.extra.update(
-        nonfinite=nonfinite.report,
-        world=world.report,
-        history=run.stats.history,
-        input_wait=run.stats.input_wait,
+        nonfinite=nonfinite.report, world=world.report, history=stats.history, input_wait=stats.input_wait
     )
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
+    # stops every rank at the same batch, or ends the run if they cannot reach one.
+    watch = RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run))
     callbacks = [
-        run.stats,
+        stats,
         nonfinite,
         world,
         ReseedEveryStep(cfg.seed),
@@ -346,27 +313,15 @@ def _engine_callbacks(cfg: DictConfig, run: Run, redaction: Redaction) -> list[C
         ResumableLoaderCheck(run),  # resume is exact, or summary.json says it is not
         # litlab-eval rebuilds the run from a checkpoint's config: redacted, as all that leaves the process.
         RunConfigInCheckpoint(redaction.config, choices, redact_values=redaction.values),
-        # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
-        # stops every rank at the same batch, or ends the run if they cannot reach one.
-        RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run)),
+        watch,
         LoggerRuns(redaction.config),  # the resolved config, redacted, as the loggers' parameters
     ]
     if cfg.strategy.get("start_method") == "fork":  # ddp_notebook: what only forked rank 0 sees
         callbacks.append(ForkedRankZero(cfg, run))
     if cfg.trainer.get("enable_model_summary") is not False:  # on unless false, as in Lightning
         callbacks.append(ModelSummaryWithMeasuredFlops())
-    trial = trial_from_env()
-    if trial is not None:  # an Optuna trial (hparams_search=optuna): reports, and stops when pruned
+    if (trial := trial_from_env()) is not None:  # an Optuna trial: reports, and stops when pruned
         callbacks.append(TrialPruning(cfg.optimized_metric, trial, run))
-    return callbacks
-
-
-def build_callbacks(
-    cfg: DictConfig, run: Run, has_logger: bool = True, redaction: Redaction | None = None
-) -> list[Callback]:
-    """The engine's callbacks and the ``callbacks`` group's, litlab's and Lightning's own combined
-    into one (``litlab.callbacks.combined``)."""
-    callbacks = _engine_callbacks(cfg, run, redaction or Redaction.of(cfg))
     for name, callback_cfg in cfg.callbacks.items():
         if callback_cfg is None:  # removed from the command line: callbacks.NAME=null
             continue
@@ -381,7 +336,6 @@ def build_callbacks(
                 made = instantiate(callback_cfg, _convert_="all")
         callbacks.extend(made if isinstance(made, list) else [made])
         log.debug("callback %s: %s", name, made)
-    watch = next(c for c in callbacks if isinstance(c, RankWatch))
     callbacks.append(HeartbeatAfterYourCallbacks(watch))  # after yours, before the checkpoints
     return combine(callbacks)
 
@@ -389,9 +343,8 @@ def build_callbacks(
 def build_loggers(
     cfg: DictConfig, run: Run | None = None, redaction: Redaction | None = None
 ) -> list[Any] | bool:
-    """The ``logger`` group's loggers (several at once: ``logger=many`` or ``logger=[csv,mlflow]``),
-    each of its configured class made to log its hyperparameters redacted (``redacting_class``):
-    what the module's and datamodule's ``save_hyperparameters`` recorded holds the real values."""
+    """The ``logger`` group's loggers, each logging its hyperparameters redacted (``redacting_class``):
+    what ``save_hyperparameters`` recorded holds the real values."""
     redact = (redaction or Redaction.of(cfg)).values
     loggers = []
     sweep = sweep_job() if HydraConfig.initialized() else None
@@ -405,22 +358,22 @@ def build_loggers(
             **grouping_arguments(logger_cfg, sweep, run.dir if run else None),
             **credential_arguments(logger_cfg),
         }
-        with refused_in_one_line(_part_name("logger", name), logger_cfg.get("_target_"), logger_cfg):
-            try:
+        choice = _choice("logger")  # logger=mlflow, or logger=many (logger.mlflow)
+        part = f"logger={name}" if choice == name else f"logger={choice} (logger.{name})"
+        with refused_in_one_line(part, logger_cfg.get("_target_"), logger_cfg):
+            try:  # an ImportError: the target's module, or Lightning's check for an optional package
                 made = instantiate(logger_cfg, **arguments, _convert_="all", _partial_=True)
-            except InstantiationException as error:
-                if isinstance(error.__cause__, ImportError):
-                    raise missing_package(name, logger_cfg, error.__cause__) from None
-                raise
-            if not isinstance(made.func, type):
-                raise LitlabError(
-                    f"logger.{name}: _target_ {logger_cfg.get('_target_')} is not a class: name a logger "
-                    "class (litlab subclasses it, so that its hyperparameters reach it redacted)"
-                )
-            try:
+                if not isinstance(made.func, type):
+                    raise LitlabError(
+                        f"logger.{name}: _target_ {logger_cfg.get('_target_')} is not a class: name a logger "
+                        "class (litlab subclasses it, so that its hyperparameters reach it redacted)"
+                    )
                 logger = redacting_class(made.func)(*made.args, **made.keywords)
-            except ImportError as error:  # Lightning's check for an optional package
-                raise missing_package(name, logger_cfg, error) from None
+            except (ImportError, InstantiationException) as error:
+                missing = error.__cause__ if isinstance(error, InstantiationException) else error
+                if not isinstance(missing, ImportError):
+                    raise
+                raise missing_package(name, logger_cfg, missing) from None
             logger.redact_hyperparameters = redact
             loggers.append(logger)
         check_wandb_login(logger_cfg)  # before fit, where wandb.init would fail with a traceback

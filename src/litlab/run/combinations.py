@@ -1,5 +1,5 @@
-"""Which accelerator x strategy x precision combinations this machine can run: decided before Lightning
-builds the Trainer (``check_combination``), or said as Lightning refuses it (``trainer_errors``), in one line.
+"""Which accelerator x strategy x precision combinations this machine can run, said in one line: before
+Lightning builds the Trainer (``check_combination``), or as Lightning refuses one (``trainer_errors``).
 """
 
 from __future__ import annotations
@@ -30,20 +30,15 @@ def available_devices() -> frozenset[str]:
     return frozenset(found)
 
 
-def _device_of(accelerator: str, available: set[str]) -> str:
-    """What ``trainer.accelerator`` runs on here (``auto`` picks as Lightning does: TPU, MPS, CUDA, CPU)."""
-    if accelerator == "auto":
-        return next((d for d in ("tpu", "mps", "cuda") if d in available), "cpu")
-    return _DEVICE_OF.get(accelerator, accelerator)
-
-
 def check_combination(trainer: DictConfig, strategy: DictConfig) -> None:
     """A LitlabError (one line) when this machine cannot run the trainer's accelerator, or the strategy
     on it (every precision builds on every accelerator: fp16 runs as bf16 on a CPU, with a warning)."""
     accelerator = str(trainer.get("accelerator", "auto"))
     check_gpus_available(trainer)
     available = available_devices()
-    device = _device_of(accelerator, available)
+    # What the accelerator runs on here (``auto`` picks as Lightning does: TPU, MPS, CUDA, CPU).
+    auto = next((d for d in ("tpu", "mps", "cuda") if d in available), "cpu")
+    device = auto if accelerator == "auto" else _DEVICE_OF.get(accelerator, accelerator)
     if device in _NEEDS and device not in available:
         raise LitlabError(
             f"trainer.accelerator={accelerator} needs {_NEEDS[device]}, which this machine does not have: "

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from litlab.config.rules import ConfigError
 from litlab.errors import EXIT_FAILED, LitlabError, error_line, forked_rank_failure, one_line
-from litlab.run.failures import World, current_world, lost_a_peer
+from litlab.run.failures import current_world, lost_a_peer
 from litlab.run.hangs import follow_an_ending_run
 
 log = logging.getLogger("litlab")
@@ -26,7 +27,9 @@ def failure_reason(error: BaseException) -> str:
     """The text summary.json records for a failed run: in a multi-rank run, which rank failed and why."""
     world = current_world()
     if world is not None and not isinstance(error, (SystemExit, KeyboardInterrupt)):
-        return _explained(world, error)
+        if id(error) not in world.explained:
+            follow_an_ending_run()  # the ranks are ending a hang or a preemption: this rank ends as they do
+        return world.explain(error)
     if isinstance(error, LitlabError):
         return error.reason
     return forked_rank_failure(error) or f"{type(error).__name__}: {error}"
@@ -37,8 +40,6 @@ def one_line_errors() -> Iterator[None]:
     """Ends a LitlabError, and an error that means "change the config" (ConfigError, Lightning's
     MisconfigurationException), in one line, logged to train.log too; in a multi-rank run every error,
     naming the rank that failed and why (this rank's traceback goes to train.log)."""
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
     try:
         try:
             yield
@@ -67,11 +68,3 @@ def _exit_in_one_line(error: BaseException, exit_code: int) -> None:
         world.stop()  # peers waiting in a collective with this rank fail now, not at the timeout
     sys.stderr.write(error_line(reason) + "\n")  # the last line of stderr, like preflight's
     sys.exit(exit_code)
-
-
-def _explained(world: World, error: BaseException) -> str:
-    """The world's one line for ``error``; first, where the ranks are ending a hang or a preemption,
-    this rank ends as they do, with their line (a peer ended because of it)."""
-    if id(error) not in world.explained:
-        follow_an_ending_run()
-    return world.explain(error)

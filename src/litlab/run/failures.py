@@ -1,8 +1,7 @@
-"""When one rank of a multi-rank run fails, every rank stops soon and says which rank and why, in one line.
-
-A rank that raises records why in the ranks' store and closes its process group, so peers in a
-collective fail at once and read it; a rank that dies without a word is named by the ranks on its
-machine (``World``). The behaviour: docs/launch.md, "When a rank fails".
+"""When one rank of a multi-rank run fails, every rank stops soon and says which rank and why, in one line:
+a rank that raises records why in the ranks' store and closes its process group (peers in a collective
+fail at once and read it); one that dies without a word is named by the ranks on its machine (``World``).
+docs/launch.md, "When a rank fails".
 """
 
 from __future__ import annotations
@@ -86,9 +85,6 @@ class World:
             if found is not None:
                 self.peers[rank] = found
 
-    def record(self, reason: str) -> None:
-        self._set(f"failed/{self.rank}", {"reason": reason})
-
     def look_at_peers(self) -> dict[int, str]:
         """Ranks on this machine whose process ended, and how."""
         for rank, child in self.children.items():
@@ -136,13 +132,13 @@ class World:
                 f"rank {self.rank} lost its connection to another rank ({one_line(error)[:200]}) and no rank "
                 "said why (a rank on another machine died, or its machine did)"
             )
-        elif isinstance(error, LitlabError):  # already names the step and what to do
-            cause = f"rank {self.rank}: {error.reason}"
-            self.record(cause)
         else:
-            what = one_line(f"{type(error).__name__}: {error}")
-            cause = f"rank {self.rank} failed at global step {self.trainer.global_step}: {what}"
-            self.record(cause)
+            if isinstance(error, LitlabError):  # already names the step and what to do
+                cause = f"rank {self.rank}: {error.reason}"
+            else:
+                what = one_line(f"{type(error).__name__}: {error}")
+                cause = f"rank {self.rank} failed at global step {self.trainer.global_step}: {what}"
+            self._set(f"failed/{self.rank}", {"reason": cause})
         reason = f"{cause}; every rank stopped; {kept(self.trainer)}"
         self.explained[id(error)] = reason
         return reason
@@ -195,8 +191,7 @@ def lost_a_peer(error: BaseException) -> bool:
 
 
 def join_the_world(trainer: L.Trainer) -> None:
-    """Sets up ``World`` for a multi-rank fit: registers this rank and takes over from Lightning's
-    child-process observer."""
+    """Sets up ``World`` for a multi-rank fit."""
     global _current, _fits
     if trainer.world_size < 2 or not torch.distributed.is_initialized():
         return
@@ -209,19 +204,15 @@ def join_the_world(trainer: L.Trainer) -> None:
     # run on it) would otherwise wait a minute here for ranks that never register.
     members = torch.distributed.get_world_size()
     world = World(trainer, trainer.global_rank, members, store, f"litlab/{restart}/{_fits}")
-    world.children = _lightning_children(trainer)
+    # The ranks Lightning's launcher started from this process, taken from its observer thread (which
+    # would SIGKILL this process when a child fails: World reports and ends instead).
+    first = trainer.node_rank * trainer.num_devices
+    procs = take_child_processes(trainer.strategy.launcher)
+    world.children = {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
     world.register()
     _current = world
     if world.children:
         atexit.register(world.wait_for_children)  # an exit of any kind: the children end first
-
-
-def _lightning_children(trainer: L.Trainer) -> dict[int, subprocess.Popen]:
-    """The ranks Lightning's launcher started from this process, by global rank, taken from its observer
-    thread (which would SIGKILL this process when a child fails: ``World`` reports and ends instead)."""
-    first = trainer.node_rank * trainer.num_devices
-    procs = take_child_processes(trainer.strategy.launcher)
-    return {first + local_rank: proc for local_rank, proc in enumerate(procs, start=1)}
 
 
 def every_rank_out_of_memory(step: int, attempt: int) -> bool:

@@ -1,10 +1,6 @@
-"""This rank's one watch (``RankWatch``): a SIGTERM stops every rank at the same batch; a peer on
-this machine that died, a rank that makes no progress, and a preemption that cannot reach a common
-batch boundary, or its end, within ``preempt_grace``, each end the run in one line.
-
-``Watchdog``, a job of the process's watchdog thread, shares this rank's heartbeat record through the
-ranks' store; when every rank is stalled, one names the rank the others wait for and every rank
-writes its stacks and ends. docs/launch.md, "When a rank hangs".
+"""This rank's watch (``RankWatch``): a SIGTERM stops every rank at the same batch; a dead peer on this
+machine, a rank without progress, or a stop that misses ``preempt_grace`` ends the run in one line.
+``Watchdog`` shares the heartbeat records through the ranks' store. docs/launch.md, "When a rank hangs".
 """
 
 from __future__ import annotations
@@ -55,15 +51,13 @@ def poll_interval(hang_timeout: float, preempt_grace: float) -> float:
 
 
 class RankWatch(Callback):
-    """Watches this rank and its peers from setup to teardown: sets up the ranks' ``World``, runs the
-    watchdog, beats at the start of the loop's hooks (before your callbacks'), and stops every rank
-    at the same batch boundary after a SIGTERM on any rank (at an epoch's end: after its validation
-    and epoch-end checkpoints; with accumulation: at the window's optimizer step). Then
-    ``PreemptionCheckpoint`` writes preempted.ckpt and the run exits 143. Under Slurm the requeue
-    signal (``#SBATCH --signal=USR1@90``) does the same, then rank 0 requeues the job (``scontrol
-    requeue``), which resumes from preempted.ckpt: Lightning's auto-requeue would save from inside its
-    signal handler (a collective there pairs with whatever the other ranks do) where resume never looks.
-    """
+    """From setup to teardown: the ranks' ``World``, the watchdog, beats at the start of the loop's hooks
+    (before your callbacks'), and after a SIGTERM on any rank a stop of every rank at one batch boundary
+    (at an epoch's end after its validation and checkpoints; with accumulation at the window's optimizer
+    step), where ``PreemptionCheckpoint`` writes preempted.ckpt; the run exits 143. Slurm's requeue
+    signal (``--signal=USR1@90``) does the same, then rank 0 runs ``scontrol requeue``: Lightning's
+    auto-requeue saves inside its signal handler (a collective there pairs with whatever the other
+    ranks do), where resume never looks."""
 
     def __init__(self, cfg: Any, run: Any, record_failure: Callable[..., Any]) -> None:
         # run: a litlab.run.lifecycle.Run; record_failure(trainer, status=, error=) writes summary.json.
@@ -73,7 +67,6 @@ class RankWatch(Callback):
         self.trained = False  # a first training batch ended in this process
         self.validated = False  # a first validation (not the sanity check) started in this process
         self.watchdog: Watchdog | None = None
-        self.signals: list[int] = [signal.SIGTERM]  # those that stop the run (and Slurm's requeue signal)
 
     # --- the watch's life --------------------------------------------------------------------------
 
@@ -84,7 +77,9 @@ class RankWatch(Callback):
         self.boundary_reached = False  # every rank agreed to stop there: preempt_grace no longer counts
         self.training = False  # between on_train_start and the end of the fit
         self.flags_sent: tuple[Any, torch.Tensor, Any] | None = None  # the ranks' stop flags, under way
-        self.signals = _stop_signals(trainer)
+        environment = cluster_environment(trainer)  # Slurm's requeue signal (--signal=USR1@90) stops it too
+        requeue = environment.requeue_signal if isinstance(environment, SLURMEnvironment) else None
+        self.signals = [signal.SIGTERM] if requeue is None else [signal.SIGTERM, requeue]
         # Before Lightning installs its handlers: it keeps those it finds and puts them back at teardown.
         if stage == "fit" and threading.current_thread() is threading.main_thread():
             for signum in self.signals:
@@ -97,7 +92,7 @@ class RankWatch(Callback):
             watchdog.start()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here, not in setup: Lightning installs its own handlers after the setup hooks.
+        # Not in setup: Lightning installs its own handlers after the setup hooks.
         if threading.current_thread() is not threading.main_thread():
             return
         self.training = True
@@ -119,9 +114,11 @@ class RankWatch(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, error: BaseException) -> None:
         if isinstance(error, SIGTERMException) and self.watchdog is not None and self.preempt_grace > 0:
-            # Stopped for a SIGTERM: what blocks on the way out (a store whose host is gone) must not
-            # keep the process. stop_watching() ends the watch once the outcome is recorded.
-            self.watchdog.stopping(trainer.global_step)
+            # Stopped for a SIGTERM: from now on the run must make progress towards its end (a
+            # checkpoint's bytes count) every preempt_grace seconds; what blocks on the way out (a store
+            # whose host is gone) must not keep the process. stop_watching() ends the watch once the
+            # outcome is recorded.
+            self.watchdog.stopping_at, self.watchdog.stopping_step = time.monotonic(), trainer.global_step
             return
         # Lightning skips teardown after an exception: a failed fit must not leave a watchdog that
         # ends the process later (a notebook, a test that trains in-process).
@@ -183,25 +180,28 @@ class RankWatch(Callback):
             self._stop(trainer)
 
     def _agreed_now(self, trainer: L.Trainer) -> bool:
-        """Whether any rank was asked to stop: a collective every rank calls at the same point, and
-        under DDP a host sync (once an epoch)."""
+        """Whether any rank was asked to stop; under DDP a host sync (once an epoch)."""
         if trainer.world_size == 1:
             return self.requested
-        flags = torch.tensor([int(self.requested), int(self.requeue)], device=trainer.strategy.root_device)
-        requested, requeue = trainer.strategy.reduce(flags, reduce_op="sum").tolist()
-        self.requeue = bool(requeue)
-        return bool(requested)
+        return self._received_flags(_send_flags(self.requested, self.requeue, trainer))
 
     def _agreed_a_batch_ago(self, trainer: L.Trainer) -> bool:
         """Whether any rank had been asked to stop by the previous batch's end. Under DDP each batch's
-        end starts the ranks' sum of their flags without waiting and reads the previous batch's: every
-        rank gets the same answer at the same batch, without a host sync on the batch's path."""
-        if trainer.world_size == 1 or not torch.distributed.is_initialized():
-            return self._agreed_now(trainer)
+        end starts the ranks' sum of their flags and reads the previous batch's: every rank gets the
+        same answer at the same batch, without a host sync on the batch's path."""
+        if trainer.world_size == 1:
+            return self.requested
         sent, self.flags_sent = self.flags_sent, _send_flags(self.requested, self.requeue, trainer)
-        if sent is None:
-            return False
-        requested, requeue = _received_flags(sent)
+        return sent is not None and self._received_flags(sent)
+
+    def _received_flags(self, sent: tuple[Any, torch.Tensor, Any]) -> bool:
+        """The sum ``_send_flags`` started (a batch ago: done by now, so waiting costs nothing)."""
+        work, flags, copied = sent
+        if copied is None:
+            work.wait()
+        else:
+            copied.synchronize()
+        requested, requeue = flags.tolist()
         self.requeue = self.requeue or bool(requeue)
         return bool(requested)
 
@@ -252,14 +252,13 @@ class HeartbeatAfterYourCallbacks(Callback):
 
 
 class Watchdog:
-    """This rank's watchdog (see the module's docstring)."""
+    """This rank's watchdog: a job of the process's watchdog thread."""
 
     def __init__(self, watch: RankWatch, trainer: L.Trainer) -> None:
         self.watch, self.trainer = watch, trainer
         self.rank = trainer.global_rank
         self.poll = poll_interval(watch.hang_timeout, watch.preempt_grace)
-        self.own_record: dict[str, Any] = {}  # the peers' are World.peers
-        self.heard_from: set[int] = set()  # the ranks whose record the last poll read
+        self.polled: dict[int, dict[str, Any]] = {}  # the records the last poll read, this rank's included
         self.peer_lost_at: float | None = None  # when a peer on this machine was found dead
         self.preempted_at: float | None = None
         self.stopping_at: float | None = None  # when the run began to stop at a boundary, for a SIGTERM
@@ -292,11 +291,6 @@ class Watchdog:
                     os.close(end)
                 self.signal_pipe = None
 
-    def stopping(self, step: int) -> None:
-        """The run stops at global step ``step`` for a SIGTERM: from now on it must make progress
-        towards its end (a checkpoint's bytes count) at least every ``preempt_grace`` seconds."""
-        self.stopping_at, self.stopping_step = time.monotonic(), step
-
     def notice_signals(self) -> None:
         """Signals reach a pipe the watchdog reads, even while the main thread is stuck in C code."""
         if self.watch.preempt_grace <= 0:
@@ -322,7 +316,12 @@ class Watchdog:
             # Each rank on its own, without the ranks' store: rank 0 (its host) may have ended already.
             idle = time.monotonic() - max(self.stopping_at, HEARTBEAT.at)
             if idle > self.watch.preempt_grace:
-                self.end("stop", self.stop_cause())
+                self.end(
+                    "stop",
+                    f"SIGTERM: the run stopped at global step {self.stopping_step} but did not end within "
+                    f"preempt_grace={self.watch.preempt_grace:g} s; stacks of every thread: "
+                    f"{self.watch.run_dir / f'stacks-rank{self.rank}.txt'}",
+                )
             # If this thread cannot run (a stuck call that holds the GIL), faulthandler's own thread
             # prints every stack and ends the process: pushed back at every look while this one runs.
             with self.lock:
@@ -371,20 +370,20 @@ class Watchdog:
         with self.lock, contextlib.suppress(OSError):  # the file is for people looking at a running job
             if not self.stopped:  # stop() removed it: a run that went on leaves no stale one behind
                 (self.watch.run_dir / f"heartbeat-rank{self.rank}.json").write_text(json.dumps(record))
-        self.own_record = record
+        polled = {self.rank: record}
         if world is not None:
             world._set(f"beat/{self.rank}", record)
             found = {rank: world._get(f"beat/{rank}") for rank in range(world.size) if rank != self.rank}
-            self.heard_from = {rank for rank, peer in found.items() if peer} | {self.rank}
-            # A new dict, as other threads may be reading the old one.
-            world.peers = {**world.peers, **{r: peer for r, peer in found.items() if peer}, self.rank: record}
+            polled.update({rank: peer for rank, peer in found.items() if peer})
+            world.peers = {**world.peers, **polled}  # a new dict, as other threads may be reading the old one
+        self.polled = polled
 
     def every_rank_stalled(self, world: failures.World | None) -> bool:
         if world is None:
             return True
         silent_after = _SILENT_AFTER_POLLS * self.poll + 5
         for rank in range(world.size):
-            record = world.peers.get(rank, {}) if rank in self.heard_from else {}
+            record = self.polled.get(rank, {})
             if "stalled" not in record:
                 return False  # not watching yet, hang detection off there, or its record unread now
             if not record["stalled"] and time.time() - record["heartbeat"] < silent_after:
@@ -418,21 +417,16 @@ class Watchdog:
             world._set("hang/end", {"kind": kind, "cause": cause})
         self.end(kind, cause)
 
-    def stuck(self, world: failures.World | None) -> tuple[int, str, float]:
-        """The rank the others wait for, where it is in words, and for how long it stalled."""
-        records = world.peers if world is not None else {self.rank: self.own_record}
-        rank = min(records, key=lambda r: (*heartbeat.order(_state(records[r])), r))
-        record = records[rank]
-        return rank, heartbeat.describe(_state(record)), record.get("stalled_for", 0.0)
-
     def cause(self, kind: str, world: failures.World | None) -> str:
-        """Why the run ends, for a hang or a preemption."""
-        rank, where, stalled_for = self.stuck(world)
+        """Why the run ends, for a hang or a preemption, naming the rank the others wait for."""
+        records = world.peers if world is not None else self.polled
+        rank = min(records, key=lambda r: (*heartbeat.order(_state(records[r])), r))
+        where = heartbeat.describe(_state(records[rank]))
         if kind == "hang":
             who = f"rank {rank}" if world is not None else "the run"
             stacks = self.watch.run_dir / ("stacks-rank*.txt" if world is not None else "stacks-rank0.txt")
             return (
-                f"{who} made no progress for {stalled_for:.0f} s in {where} "
+                f"{who} made no progress for {records[rank].get('stalled_for', 0.0):.0f} s in {where} "
                 f"(hang_timeout={self.watch.hang_timeout:g} s); stacks of every thread: {stacks}"
             )
         who = f"rank {rank} is" if world is not None else "it is"
@@ -440,13 +434,6 @@ class Watchdog:
             f"SIGTERM: the ranks did not reach a common batch boundary within "
             f"preempt_grace={self.watch.preempt_grace:g} s ({who} in {where}); "
             f"stacks of every thread: {self.watch.run_dir / 'stacks-rank*.txt'}"
-        )
-
-    def stop_cause(self) -> str:
-        return (
-            f"SIGTERM: the run stopped at global step {self.stopping_step} but did not end within "
-            f"preempt_grace={self.watch.preempt_grace:g} s; stacks of every thread: "
-            f"{self.watch.run_dir / f'stacks-rank{self.rank}.txt'}"
         )
 
     def end(self, kind: str, cause: str) -> None:
@@ -469,10 +456,17 @@ class Watchdog:
             status, code = "interrupted", EXIT_PREEMPTED
         log.error(reason)
         if self.trainer.is_global_zero:
-            self.record(reason, status)
+            record = functools.partial(self.watch.record_failure, self.trainer, status=status, error=reason)
+            writer = threading.Thread(target=record, daemon=True)
+            writer.start()
+            writer.join(_SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
+            if writer.is_alive():
+                log.warning("summary.json: the storage's copy was not written in %d s", _SUMMARY_WAIT_S)
         if world is not None:
             world.wait_for_children()  # they end by themselves at their next tick; killed at the deadline
-        _end_child_processes()  # DataLoader workers (one may be the stuck part), py-spy
+        for child in psutil.Process().children(recursive=True):  # DataLoader workers, py-spy
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         sys.stderr.write(error_line(reason) + "\n")
         sys.stderr.flush()
         os._exit(code)
@@ -487,14 +481,6 @@ class Watchdog:
         if started_from:
             return f"{started_from}, the checkpoint this attempt started from"
         return "the start: no checkpoint was written yet"
-
-    def record(self, reason: str, status: str) -> None:
-        record = functools.partial(self.watch.record_failure, self.trainer, status=status, error=reason)
-        writer = threading.Thread(target=record, daemon=True)
-        writer.start()
-        writer.join(_SUMMARY_WAIT_S)  # the local copy is written first; a stalled storage's may not be
-        if writer.is_alive():
-            log.warning("summary.json: the storage's copy was not written in %d s", _SUMMARY_WAIT_S)
 
     def dump_stacks(self, world: failures.World | None = None) -> None:
         """Every thread's Python stack (faulthandler), then with py-spy (where installed) the native
@@ -533,8 +519,7 @@ _handlers_before_fit: dict[int, Any] = {}  # what RankWatch's signal handlers st
 
 
 def restore_signal_handlers() -> None:
-    """Puts back the signal handlers of before the fit (once a stopped run's outcome is recorded, or
-    when fitting ends)."""
+    """Puts back the signal handlers of before the fit."""
     if threading.current_thread() is threading.main_thread():
         for signum, handler in _handlers_before_fit.items():
             signal.signal(signum, handler)
@@ -553,8 +538,7 @@ def stop_watching() -> None:
 
 def follow_an_ending_run() -> None:
     """Called where a rank's own failure is about to end it (a collective failed because a peer
-    ended): if the ranks are ending a hang or a preemption, this rank ends as they do, with their
-    line, and this never returns. Otherwise it returns at once."""
+    ended): if the ranks are ending a hang or a preemption, this rank ends as they do, with their line."""
     watchdog = _current
     if watchdog is None:
         return
@@ -565,12 +549,6 @@ def follow_an_ending_run() -> None:
     end = world._get("hang/end") if world is not None and world.trainer is watchdog.trainer else None
     if end is not None:
         watchdog.end(end["kind"], end["cause"])
-
-
-def _end_child_processes() -> None:
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child.kill()
 
 
 def _state(record: dict[str, Any]) -> heartbeat.State:
@@ -585,16 +563,8 @@ def _epoch_ending(trainer: L.Trainer) -> bool:
     return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
 
 
-def _stop_signals(trainer: L.Trainer) -> list[int]:
-    """SIGTERM, and under Slurm its requeue signal (what ``--signal=USR1@90`` sends)."""
-    environment = cluster_environment(trainer)
-    if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
-        return [signal.SIGTERM, environment.requeue_signal]
-    return [signal.SIGTERM]
-
-
 def _send_flags(requested: bool, requeue: bool, trainer: L.Trainer) -> tuple[Any, torch.Tensor, Any]:
-    """Starts the ranks' sum of their stop flags without waiting for it; ``_received_flags`` reads it."""
+    """Starts the ranks' sum of their stop flags without waiting for it."""
     device = trainer.strategy.root_device
     if device.type != "cuda":  # gloo sums in its own threads
         flags = torch.tensor([int(requested), int(requeue)], device=device)
@@ -606,16 +576,6 @@ def _send_flags(requested: bool, requeue: bool, trainer: L.Trainer) -> tuple[Any
     copied = torch.cuda.Event()
     copied.record()
     return None, on_host, copied
-
-
-def _received_flags(sent: tuple[Any, torch.Tensor, Any]) -> list[int]:
-    """The sum ``_send_flags`` started, a batch ago: by now done, so waiting for it costs nothing."""
-    work, flags, copied = sent
-    if copied is None:
-        work.wait()
-    else:
-        copied.synchronize()
-    return flags.tolist()
 
 
 def _requeue_this_job() -> None:

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hydra
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -126,16 +128,17 @@ class Run:
         """Writes a ``status: failed`` summary (with the error) if the block raises, then re-raises."""
         try:
             yield
-        except StorageFailed as error:
-            # Said with what the run leaves to resume from (a new error: Lightning's frames hold the old one).
-            kept = f"{kept_checkpoint(trainer)}; once the storage works again the same command resumes"
-            failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept}")
-            self._write_failed_summary(cfg, trainer, failed)
-            raise failed from error
         except BaseException as error:
-            preempted = isinstance(error, SIGTERMException)
-            status = INTERRUPTED if preempted else FAILED
-            self._write_failed_summary(cfg, trainer, error, status)
+            failed, preempted = error, isinstance(error, SIGTERMException)
+            if isinstance(error, StorageFailed):  # with what is left to resume from (Lightning holds the old)
+                kept = f"{kept_checkpoint(trainer)}; once the storage works again the same command resumes"
+                failed = StorageFailed(error.root, error.what, f"{error.cause}; {kept}")
+            try:  # a storage that fails here too cannot hide the first error
+                write_summary(
+                    cfg, trainer, self, INTERRUPTED if preempted else FAILED, failure_reason(failed)
+                )
+            except (StorageFailed, OSError) as also:
+                log.warning("summary.json of the stopped run not written everywhere: %s", also)
             if preempted:  # Lightning's SIGTERMException would exit with status 0
                 log.warning(
                     "SIGTERM: stopped at global step %d, exiting with status %d; the same command resumes",
@@ -144,21 +147,13 @@ class Run:
                 )
                 stop_watching()  # recorded: what is left is the exit
                 raise SystemExit(EXIT_PREEMPTED) from error
+            if failed is not error:
+                raise failed from error
             raise
-
-    def _write_failed_summary(
-        self, cfg: DictConfig, trainer: L.Trainer, error: BaseException, status: str = FAILED
-    ) -> None:
-        """summary.json of a run that stopped; a storage that fails here too cannot hide the first error."""
-        try:
-            write_summary(cfg, trainer, self, status=status, error=failure_reason(error))
-        except (StorageFailed, OSError) as also:
-            log.warning("summary.json of the stopped run not written everywhere: %s", also)
 
 
 def prepare_run(cfg: DictConfig) -> Run:
-    """Seed, and decide the run's identity, storage folder and resume point; take the run's lock
-    (``with prepare_run(cfg) as run:`` releases it)."""
+    """Seed; decide the run's identity, storage folder and resume point; take its lock (``with`` frees it)."""
     storage_cfg = OmegaConf.to_container(cfg.storage, resolve=True, throw_on_missing=True)
     once("storage", storage_cfg, lambda: check_storage(storage_cfg))  # unless this start's preflight did
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -169,15 +164,16 @@ def prepare_run(cfg: DictConfig) -> Run:
     use_storage_options(cfg.storage.root, options)
     storage = RunStorage(cfg.storage.root, identity, options)
     run = Run(dir=run_dir, identity=identity, storage=storage)
-    rewritten = redact_hydra_record(run_dir) if run.is_global_zero else []
-    if rewritten:  # a credential written in a config file, in Hydra's .hydra/
-        log.warning(
-            "a credential written in a config file is redacted in %s/.hydra/ (%s): pass it through the "
-            "environment (${oc.env:NAME}) instead",
-            run_dir,
-            ", ".join(rewritten),
-        )
-    if run.is_global_zero:  # one process at a time per identity (two copies of one command, a job array)
+    if run.is_global_zero:
+        rewritten = redact_hydra_record(run_dir)  # a credential written in a config file, in .hydra/
+        if rewritten:
+            log.warning(
+                "a credential written in a config file is redacted in %s/.hydra/ (%s): pass it through the "
+                "environment (${oc.env:NAME}) instead",
+                run_dir,
+                ", ".join(rewritten),
+            )
+        # One process at a time per identity (two copies of one command, a job array).
         run.lock = RunLock(storage)
         run.lock.acquire()
     code = start_record(cfg, HydraConfig.get(), settings)
@@ -216,30 +212,25 @@ def finish(
     run: Run,
 ) -> float | None:
     """Test the best checkpoint, write summary.json, and return the metric sweepers optimise."""
-    tested = None
     pruned = run.extra.get("pruned_epoch") is not None  # an Optuna trial its pruner stopped: no test
-    fit_metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
+    metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
     # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
     # when the best checkpoint was written, which forgets a last.ckpt written after it.
     checkpoints = _checkpoints(trainer, run)
     if cfg.test_after_fit and not pruned and is_overridden("test_step", module):
-        tested = checkpoints["best"]  # None (debug=fast, no checkpoint callback): the weights as trained
+        tested = checkpoints["tested"] = checkpoints["best"]  # None (no checkpointing): weights as trained
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
-    metrics = {**fit_metrics, **_floats(trainer.callback_metrics)}
-    if not run.fit_elsewhere:  # there forked rank 0 notes it: CUDA stays uninitialised in this process
-        run.extra["device_memory_mib"] = _device_memory_mib(trainer)  # the doctor's micro-batch check
+        metrics.update(_floats(trainer.callback_metrics))
     status = PRUNED if pruned else COMPLETED
-    summary = write_summary(
-        cfg, trainer, run, status, metrics=metrics, checkpoints={**checkpoints, "tested": tested}
-    )
+    summary = write_summary(cfg, trainer, run, status, metrics=metrics, checkpoints=checkpoints)
     log_final_metrics(trainer.loggers, summary, is_global_zero=trainer.is_global_zero)
     if trainer.is_global_zero:
-        doctor.warn(summary.diagnosis or [])
-        log.info(result_line(summary, run.dir))  # the run's last line, once
+        doctor.warn(summary.diagnosis)
+        log.info(_result_line(summary, run.dir))  # the run's last line, once
     return summary.metrics.get(cfg.optimized_metric)
 
 
-def result_line(summary: Summary, run_dir: Path) -> str:
+def _result_line(summary: Summary, run_dir: Path) -> str:
     """The last line of a run: the monitored and the test metric (4 significant figures), the run dir."""
     name = summary.optimized_metric
     names = [name, "test/" + name.split("/", 1)[-1]] if name else []
@@ -248,31 +239,21 @@ def result_line(summary: Summary, run_dir: Path) -> str:
     return f"{', '.join(shown) or missing}; run: {run_dir}"
 
 
-def _device_memory_mib(trainer: L.Trainer) -> float | None:
-    device = trainer.strategy.root_device
-    if device.type != "cuda":
-        return None
-    import torch
-
-    return round(torch.cuda.get_device_properties(device).total_memory / 2**20, 1)
-
-
 def _checkpoints(trainer: L.Trainer, run: Run) -> dict[str, Any]:
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else None
-    return {"dir": run.checkpoint_dir, "best": best or None, "last": last_checkpoint(trainer)}
+    return {"dir": run.checkpoint_dir, "best": best or None, "last": last_checkpoint(trainer), "tested": None}
 
 
 class ForkedRankZero(Callback):
     """``strategy=ddp_notebook``: the fit's progress stays in the forked ranks, so forked rank 0 writes
-    summary.json as its fit ends; the process that forked it then tests and writes it again."""
+    summary.json as its fit ends; the process that forked it tests and writes it again."""
 
     def __init__(self, cfg: DictConfig, run: Run) -> None:
         self.cfg, self.run = cfg, run
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and os.getpid() != self.run.pid:  # in the fork
-            self.run.extra["device_memory_mib"] = _device_memory_mib(trainer)
             pruned = self.run.extra.get("pruned_epoch") is not None  # an Optuna trial its pruner stopped
             write_summary(self.cfg, trainer, self.run, status=PRUNED if pruned else COMPLETED)
 
@@ -287,8 +268,51 @@ def write_summary(
     checkpoints: dict[str, Any] | None = None,
 ) -> Summary:
     """The run's summary from its Trainer, with the doctor's diagnosis; rank 0 writes it."""
-    known = _known(trainer, run, metrics or _floats(trainer.callback_metrics), checkpoints)
-    summary = Summary.of(cfg, error, run_dir=run.dir, hydra=HydraConfig.get(), status=status, **known)
+    sizes, stats, decision = run.batch_sizes, run.stats, run.resume or resume.Decision()
+    device, environment = trainer.strategy.root_device, getattr(trainer.strategy, "cluster_environment", None)
+    # The doctor's micro-batch check; a forked fit's rank 0 notes it (CUDA stays uninitialised here).
+    if status in (COMPLETED, PRUNED) and device.type == "cuda" and not run.fit_elsewhere:
+        run.extra["device_memory_mib"] = round(
+            torch.cuda.get_device_properties(device).total_memory / 2**20, 1
+        )
+    summary = Summary.of(
+        cfg,
+        error,
+        run_dir=run.dir,
+        hydra=HydraConfig.get(),
+        status=status,
+        sweep=sweep_job(),
+        metrics=dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
+        checkpoints=checkpoints or _checkpoints(trainer, run),
+        run_name=run.identity,
+        storage_dir=run.storage.url,
+        precision=run.precision,
+        accelerator=device.type,
+        devices=trainer.num_devices,
+        num_nodes=trainer.num_nodes,
+        world_size=trainer.world_size,
+        cluster_environment=type(environment).__name__ if environment is not None else None,
+        micro_batch_size=sizes.micro,
+        accumulate_grad_batches=sizes.accumulation,
+        effective_batch_size=sizes.effective,
+        epochs=trainer.current_epoch,
+        global_step=trainer.global_step,
+        throughput={k: v for k, v in stats.stats.items() if k != "memory"},
+        memory=stats.stats.get("memory"),
+        resume_exact=run.resume_exact,
+        resumed_count=decision.resumed_count,
+        resumed_across=decision.resumed_across,
+        tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
+        wall_time_s=round(time.time() - run.started, 3),
+        started_at=dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
+        torch_flags=stats.torch_flags,
+        versions={
+            "python": platform.python_version(),
+            **{m.__name__: m.__version__ for m in (torch, L, hydra)},
+        },
+        git_commit=_git_commit(),
+        **run.extra,
+    )
     if run.fit_elsewhere:
         summary = _with_what_rank_zero_saw(summary, run)
     summary = dataclasses.replace(summary, diagnosis=doctor.diagnose(summary))  # what its numbers show
@@ -296,46 +320,9 @@ def write_summary(
     return summary
 
 
-def _known(trainer: L.Trainer, run: Run, metrics: dict[str, float], checkpoints: Any) -> dict[str, Any]:
-    """The summary's fields the Trainer and the run know, in place of what the config says."""
-    sizes = run.batch_sizes
-    stats = run.stats.stats if run.stats is not None else {}
-    decision = run.resume or resume.Decision()
-    return dict(
-        sweep=sweep_job(),
-        metrics=dict(sorted(metrics.items())),
-        checkpoints=checkpoints or {**_checkpoints(trainer, run), "tested": None},
-        run_name=run.identity,
-        storage_dir=run.storage.url,
-        precision=run.precision,
-        accelerator=trainer.strategy.root_device.type,
-        devices=trainer.num_devices,
-        num_nodes=trainer.num_nodes,
-        world_size=trainer.world_size,
-        cluster_environment=_cluster_environment(trainer),
-        micro_batch_size=sizes.micro if sizes else None,
-        accumulate_grad_batches=sizes.accumulation if sizes else None,
-        effective_batch_size=sizes.effective if sizes else None,
-        epochs=trainer.current_epoch,
-        global_step=trainer.global_step,
-        throughput={k: v for k, v in stats.items() if k != "memory"},
-        memory=stats.get("memory"),
-        resume_exact=run.resume_exact,
-        resumed_count=decision.resumed_count,
-        resumed_across=decision.resumed_across,
-        tensorboard_dir=str(decision.tensorboard_dir) if decision.tensorboard_dir else None,
-        wall_time_s=round(time.time() - run.started, 3),
-        started_at=dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
-        torch_flags=run.stats.torch_flags if run.stats is not None else None,
-        versions=_versions(),
-        git_commit=_git_commit(),
-        **run.extra,
-    )
-
-
 def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
-    """This process's outcome of a forked fit on the progress forked rank 0 wrote (``ForkedRankZero``);
-    an end rank 0 recorded itself (a hang, a lost rank) says more, and is kept whole."""
+    """This process's outcome of a forked fit on what forked rank 0 wrote (``ForkedRankZero``); an end
+    rank 0 recorded itself (a hang, a lost rank) says more, and is kept whole."""
     path = run.dir / "summary.json"
     seen = Summary.load(path) if path.is_file() else None
     if seen is None or seen.started_at != summary.started_at:  # none of this start's
@@ -354,25 +341,8 @@ def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
     )
 
 
-def _cluster_environment(trainer: L.Trainer) -> str | None:
-    environment = getattr(trainer.strategy, "cluster_environment", None)
-    return type(environment).__name__ if environment is not None else None
-
-
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v.numel() == 1}
-
-
-def _versions() -> dict[str, str]:
-    import hydra
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "lightning": L.__version__,
-        "hydra": hydra.__version__,
-    }
 
 
 def _git_commit() -> str | None:

@@ -16,8 +16,8 @@ from litlab.config.redact import redact_text, url_without_userinfo
 from litlab.errors import LitlabError, one_line
 from litlab.run.summary import Summary
 
-# Loggers whose package is an optional extra of litlab: class name -> (package, extra).
-_OPTIONAL_LOGGERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
+# Loggers whose package is an optional extra of litlab, of the same name: class name -> package.
+_OPTIONAL_LOGGERS = {"MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
 
 
 def _logger_kind(logger_cfg: DictConfig) -> str:
@@ -30,20 +30,17 @@ def grouping_arguments(
 ) -> dict[str, Any]:
     """Constructor arguments that name the run and group a sweep's runs, where the config does not."""
     kind = _logger_kind(logger_cfg)
+    name_argument = {"MLFlowLogger": "run_name", "WandbLogger": "name"}.get(kind)
+    if name_argument is None:
+        return {}
     sweep_name = Path(str(sweep["dir"])).name if sweep else None
     run_name = f"{sweep_name}/{sweep['job_num']}" if sweep else (run_dir.name if run_dir else None)
-    arguments: dict[str, Any] = {}
-    if kind == "MLFlowLogger":
-        if logger_cfg.get("run_name") is None:
-            arguments["run_name"] = run_name
-        if sweep:
-            tags = OmegaConf.to_container(logger_cfg.tags, resolve=True) if logger_cfg.get("tags") else {}
-            arguments["tags"] = {**tags, "sweep": sweep_name, "sweep_job": str(sweep["job_num"])}
-    elif kind == "WandbLogger":
-        if logger_cfg.get("name") is None:
-            arguments["name"] = run_name
-        if sweep and logger_cfg.get("group") is None:
-            arguments["group"] = sweep_name
+    arguments: dict[str, Any] = {name_argument: run_name} if logger_cfg.get(name_argument) is None else {}
+    if sweep and kind == "MLFlowLogger":
+        tags = OmegaConf.to_container(logger_cfg.tags, resolve=True) if logger_cfg.get("tags") else {}
+        arguments["tags"] = {**tags, "sweep": sweep_name, "sweep_job": str(sweep["job_num"])}
+    elif sweep and logger_cfg.get("group") is None:  # W&B
+        arguments["group"] = sweep_name
     return arguments
 
 
@@ -68,7 +65,6 @@ class _RedactsHyperparameters:
     """Put before a logger class: every ``log_hyperparams`` (Lightning's of what ``save_hyperparameters``
     recorded, real values and all) passes ``redact_hyperparameters`` (set on the instance) first."""
 
-    logger_class: type  # the configured class, which this one subclasses
     redact_hyperparameters: Callable[[Any], Any]
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> Any:
@@ -81,16 +77,15 @@ def redacting_class(logger_class: type) -> type:
     return type(
         logger_class.__name__,
         (_RedactsHyperparameters, logger_class),
-        {"__module__": __name__, "__qualname__": logger_class.__qualname__, "logger_class": logger_class},
+        {"__module__": __name__, "__qualname__": logger_class.__qualname__},
     )
 
 
 def missing_package(name: str, logger_cfg: DictConfig, error: BaseException) -> LitlabError:
     """The one line for a logger whose package is missing (Lightning raises ModuleNotFoundError)."""
-    kind = _logger_kind(logger_cfg)
-    if kind in _OPTIONAL_LOGGERS:
-        package, extra = _OPTIONAL_LOGGERS[kind]
-        fix = f"pip install 'litlab[{extra}]' (or pip install {package})"
+    package = _OPTIONAL_LOGGERS.get(_logger_kind(logger_cfg))
+    if package:
+        fix = f"pip install 'litlab[{package}]' (or pip install {package})"
     else:
         fix = f"install the package it names ({one_line(error)})"
     return LitlabError(
@@ -121,11 +116,17 @@ def log_final_metrics(loggers: list[Any], summary: Summary, is_global_zero: bool
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
     final = {f"final/{name}": value for name, value in summary.metrics.items()}
+    choices = {
+        **{f"group/{k}": v for k, v in summary.groups.items()},
+        "effective_batch_size": summary.effective_batch_size,
+        "accumulate_grad_batches": summary.accumulate_grad_batches,
+        "precision_effective": summary.precision.get("effective"),
+    }
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):  # its HParams tab compares runs by these
             # Under their own names: Lightning writes these at step 0, which under the metrics' own
             # names put a point with the final value at the start of every val/ and test/ curve.
-            logger.log_hyperparams(_flat_choices(summary), metrics=final)
+            logger.log_hyperparams(choices, metrics=final)
         else:
             logger.log_metrics(final, step=summary.global_step)
         if isinstance(logger, WandbLogger) and is_global_zero:
@@ -135,12 +136,3 @@ def log_final_metrics(loggers: list[Any], summary: Summary, is_global_zero: bool
         # Fit and test have already finalized the loggers; this reopened them (TensorBoard's writer: an
         # unflushed event file can lose these at exit; MLflow's run: its end time).
         logger.finalize("success")
-
-
-def _flat_choices(summary: Summary) -> dict[str, Any]:
-    return {
-        **{f"group/{k}": v for k, v in summary.groups.items()},
-        "effective_batch_size": summary.effective_batch_size,
-        "accumulate_grad_batches": summary.accumulate_grad_batches,
-        "precision_effective": summary.precision.get("effective"),
-    }

@@ -1,9 +1,7 @@
-"""Fit with a micro-batch that fits in memory.
-
-``tune.batch_size=true`` runs Lightning's batch-size finder first. ``oom=fail`` (default) turns an
-out-of-memory error into one line with the cures; ``oom=auto_shrink`` halves the micro-batch and
-doubles accumulation (the effective batch is unchanged) and fits again, under DDP only when every rank
-ran out of memory in the same step. docs/troubleshooting.md.
+"""Fit with a micro-batch that fits in memory: ``tune.batch_size=true`` runs Lightning's batch-size finder
+first; ``oom=fail`` (default) ends an out-of-memory error in one line with the cures; ``oom=auto_shrink``
+halves the micro-batch, doubles accumulation and fits again, under DDP only when every rank ran out of
+memory in the same step. docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -12,9 +10,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.tuner import Tuner
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.callbacks.combined import parts_of
 from litlab.config.redact import redact
 from litlab.errors import EXIT_FAILED, LitlabError
 from litlab.run.failures import every_rank_out_of_memory
@@ -78,11 +79,6 @@ def fit(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) ->
 
 def _tune_batch_size(cfg: DictConfig, run: Run, build: Callable[[DictConfig, Run], Built]) -> None:
     """Sets ``data.batch_size`` to what Lightning's batch-size finder picks on a throwaway Trainer."""
-    from lightning.pytorch.callbacks import ProgressBar
-    from lightning.pytorch.tuner import Tuner
-
-    from litlab.callbacks.combined import parts_of
-
     tune, initial = cfg.tune, cfg.data.batch_size
     # Every loader, the validation one included, starts at init_val (the finder resizes only the ones
     # it resets, so a loader made at the configured size could fail the first trial on its own).

@@ -1,7 +1,5 @@
-"""summary.json: the one record of a run's outcome, read by resume, sweeps, reports and people.
-
-``Summary`` is its one definition, ``Summary.of`` its one builder and ``Summary.write`` its one writer
-(atomic, redacted). Its fields are in docs/runs.md. Nothing here imports torch.
+"""summary.json, the one record of a run's outcome: ``Summary`` defines it, ``Summary.of`` builds it and
+``Summary.write`` writes it (atomic, redacted). Fields: docs/runs.md. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -79,7 +77,7 @@ class Summary:
     diagnosis: list[dict[str, Any]] | None = None  # what litlab.run.doctor found in the run's numbers
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
-    code_fingerprint: str | None = None  # the user's code and configs (litlab.config.identity.CodeVersion)
+    code_fingerprint: str | None = None  # the user's code and configs (litlab.config.identity.code_version)
     settings: dict[str, Any] | None = None  # what the run trains (run_settings): reports group runs by it
     resumed_across: list[str] = field(default_factory=list)  # e.g. ["code 8373778d→c6928336"]
 

@@ -27,8 +27,7 @@ _STARTED: set[str] = set()  # the sweep folders whose record this process starte
 
 
 def start(sweep_dir: Path, arguments: list[str], same_runs: list[dict[str, Any]] | None = None) -> None:
-    """A sweep of ``arguments`` starts in ``sweep_dir``, or goes on with its record there; a folder that
-    holds another sweep is refused (ConfigError): two sweeps' jobs would mix."""
+    """A sweep of ``arguments`` starts or goes on in ``sweep_dir``; another sweep's folder is refused."""
     previous = read_json(sweep_dir / RECORD_DIR / SWEEP_FILE)
     if previous is not None and previous.get("arguments") != redact_overrides(arguments):
         shown = " ".join(previous.get("arguments") or []) or "no overrides"
@@ -65,9 +64,8 @@ def write_job(
     note: str | None = None,
     pool: dict[str, Any] | None = None,
 ) -> None:
-    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (a
-    skipped job's: that of the attempt that trained it); a running job's entry names this process,
-    which watches it; the entry replaced goes under ``earlier``."""
+    """Record job ``job_num``'s ``outcome`` with its run's summary, whose ``sweep`` adds ``pool`` (a skipped
+    job's: the training attempt's); a running entry names this process; a replaced one goes in ``earlier``."""
     if outcome == SKIPPED:
         pool = {**_trained_attempt(summary), "skipped": True}
     if pool:
@@ -115,8 +113,8 @@ def skipped_note(summary: dict[str, Any]) -> str:
 
 
 def read(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """The sweep's job entries, by number (a running job whose watching process is gone from this
-    machine: interrupted), and its ``sweep.json``; None for a folder without a record."""
+    """The job entries by number (running, watched by a process gone from here: interrupted) and
+    ``sweep.json``; None for a folder without a record."""
     record = sweep_dir / RECORD_DIR
     if not record.is_dir():
         return None
@@ -145,7 +143,6 @@ def list_job(sweep_dir: Path, job_num: int, job_dir: Path) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; None when it has none."""
     try:
         value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

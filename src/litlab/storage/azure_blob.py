@@ -1,7 +1,6 @@
 """adlfs's filesystem with every request bounded (``litlab.storage.roots`` registers it for the azure
 protocols). Credentials stay adlfs's: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME
-(or ``account_name``) with Azure's DefaultAzureCredential chain.
-"""
+(or ``account_name``) with Azure's DefaultAzureCredential chain."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from azure.core.pipeline.transport import AioHttpTransport
 from litlab.storage.roots import socket_timing_out_stalled_sends
 
 # The SDK logs every request and answer at INFO, a dozen lines per checkpoint; the credential chain
-# warns in 15 lines when it finds no credential, which litlab's one line says (roots._cause).
+# warns in 15 lines when it finds no credential, which litlab's one line says (roots.storage_cause).
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 logging.getLogger("azure.identity").setLevel(logging.ERROR)
 
@@ -35,7 +34,12 @@ class AzureBlobFileSystemBounded(AzureBlobFileSystem):
         endpoint_url: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self._client_config = _azure_client_config(timeout_s, max_attempts)
+        # max_attempts tries of every request (each of the SDK's counters allows them all), each failing
+        # after timeout_s to connect, between bytes received, or with sent bytes unacknowledged.
+        counters = ("retry_total", "retry_connect", "retry_read", "retry_status")
+        backoff = {"initial_backoff": 1, "increment_base": 2, "random_jitter_range": 1}
+        transport = _TransportTimingOutStalledSends(timeout_s)
+        self._client_config = {**dict.fromkeys(counters, max_attempts - 1), **backoff, "transport": transport}
         self._endpoint_url = endpoint_url
         super().__init__(*args, **kwargs)
 
@@ -53,30 +57,12 @@ class AzureBlobFileSystemBounded(AzureBlobFileSystem):
         return await super()._ls(path, detail=detail, **kwargs)
 
 
-def _azure_client_config(timeout: float, attempts: int) -> dict[str, Any]:
-    """``attempts`` tries of every request (each of the SDK's counters allows them all), each failing
-    after ``timeout`` s to connect, between bytes received, or with sent bytes unacknowledged."""
-    retries = attempts - 1
-    return {
-        "retry_total": retries,
-        "retry_connect": retries,
-        "retry_read": retries,
-        "retry_status": retries,
-        "initial_backoff": 1,
-        "increment_base": 2,
-        "random_jitter_range": 1,
-        "transport": _TransportTimingOutStalledSends(
-            timeout, connection_timeout=timeout, read_timeout=timeout
-        ),
-    }
-
-
 class _TransportTimingOutStalledSends(AioHttpTransport):
     """azure-core's aiohttp transport with sockets that time out unacknowledged sends, which its read
     timeout does not cover (an upload to a server that stopped reading)."""
 
-    def __init__(self, timeout: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, timeout: float) -> None:
+        super().__init__(connection_timeout=timeout, read_timeout=timeout)
         self._timeout = timeout
 
     async def open(self) -> None:

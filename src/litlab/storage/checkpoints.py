@@ -1,7 +1,6 @@
 """Checkpoints: what a run writes (``run_checkpoints``: the best ``save_top_k``, ``last.ckpt``, and
 preempted.ckpt on SIGTERM), how (``AtomicCheckpointIO``: whole or not at all), what each carries (the
-run's config, for ``litlab-eval``), and what a stopped run leaves to resume from. docs/storage.md.
-"""
+run's config, for ``litlab-eval``), and what a stopped run leaves to resume from. docs/storage.md."""
 
 from __future__ import annotations
 
@@ -60,9 +59,7 @@ def run_checkpoints(
         )
     if save_last:
         # Lightning allows one trigger per ModelCheckpoint; both write the same last.ckpt.
-        callbacks.append(
-            LastCheckpoint(**common, filename=_LAST, every_n_epochs=every_n_epochs or 1, final=True)
-        )
+        callbacks.append(LastCheckpoint(**common, filename=_LAST, every_n_epochs=every_n_epochs or 1))
         if every_n_train_steps:
             callbacks.append(
                 _StepCheckpoint(
@@ -75,8 +72,7 @@ def run_checkpoints(
     if not callbacks:
         return []  # save_top_k=0 and save_last=false: the run asked for no checkpoints at all
     callbacks.append(PreemptionCheckpoint(dirpath))
-    storage_folder = dirpath.rstrip("/").rsplit("/", 1)[0]
-    callbacks.append(TensorBoardSync(f"{storage_folder}/tensorboard" if copy_logs else None))
+    callbacks.append(TensorBoardSync(dirpath.rstrip("/").rsplit("/", 1)[0] if copy_logs else None))
     return callbacks
 
 
@@ -100,19 +96,14 @@ class EpochCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(EpochCheckpoint):
-    """Keeps ``last.ckpt`` (no monitor, one file); with ``final``, also the state training ended in
-    between two triggers (``max_steps`` in mid-epoch, ``fast_dev_run``)."""
-
-    def __init__(self, *args: Any, final: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.final = final
+    """Keeps ``last.ckpt`` (no monitor, one file), also the state training ended in between two
+    triggers (``max_steps`` in mid-epoch, ``fast_dev_run``)."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        saved = [
-            last_global_step_saved(c) for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)
-        ]
-        if self.final and trainer.global_step not in saved:
+        last_ones = (LastCheckpoint, _StepCheckpoint)
+        saved = [last_global_step_saved(c) for c in trainer.checkpoint_callbacks if isinstance(c, last_ones)]
+        if trainer.global_step not in saved:
             path = f"{str(self.dirpath).rstrip('/')}/{_LAST}{self.FILE_EXTENSION}"
             trainer.save_checkpoint(path, weights_only=False)
             self.best_model_path = path
@@ -133,7 +124,7 @@ def in_an_epochs_last_batch(trainer: L.Trainer) -> bool:
     return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 
 
-class _StepCheckpoint(LastCheckpoint):
+class _StepCheckpoint(EpochCheckpoint):
     """``last.ckpt`` every N optimizer steps, except on an epoch's last batch when the epoch-end one
     follows: resumed from there, a run killed in that epoch's validation would never run it."""
 
@@ -148,17 +139,13 @@ class _StepCheckpoint(LastCheckpoint):
 
 
 class PreemptionCheckpoint(Callback):
-    """Saves ``<dirpath>/<filename>.ckpt`` on SIGTERM, which Lightning raises between two batches (other
+    """Saves ``<dirpath>/preempted.ckpt`` on SIGTERM, which Lightning raises between two batches (other
     errors can strike mid-step: a crash resumes from the last regular checkpoint). Not Lightning's
     OnExceptionCheckpoint: its mere presence makes ``fit(ckpt_path=None)`` resume the newest
     ``last*.ckpt``, overriding litlab's decision. A plain Callback: Lightning finds Checkpoints by type."""
 
-    def __init__(self, dirpath: str, filename: str = "preempted") -> None:
-        self.dirpath, self.filename = dirpath, filename
-
-    @property
-    def ckpt_path(self) -> str:
-        return f"{self.dirpath.rstrip('/')}/{self.filename}.ckpt"
+    def __init__(self, dirpath: str) -> None:
+        self.ckpt_path = f"{dirpath.rstrip('/')}/preempted.ckpt"
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -181,18 +168,18 @@ class PreemptionCheckpoint(Callback):
 
 
 class TensorBoardSync(Callback):
-    """Flushes TensorBoard with every checkpoint (a killed process loses buffered events) and, with
-    ``destination``, copies its event files there, for a run resumed on a new machine. Lightning logs a
-    step's metrics after its checkpoint, so the copy waits for the next batch, epoch or the end."""
+    """Flushes TensorBoard with every checkpoint (a killed process loses buffered events) and copies
+    its event files to ``<storage_folder>/tensorboard``, for a run resumed on a new machine. Lightning
+    logs a step's metrics after its checkpoint, so the copy waits for the next batch, epoch or the end."""
 
-    def __init__(self, destination: str | None = None) -> None:
-        self.destination = destination
-        self.storage_folder = destination.rstrip("/").rsplit("/", 1)[0] if destination else None
+    def __init__(self, storage_folder: str | None) -> None:
+        self.storage_folder = storage_folder
         self._pending = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
         self._pending = True
-        self._flush(trainer)
+        for logger, _ in self._tensorboard_dirs(trainer):
+            logger.experiment.flush()
 
     def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._pending = True
@@ -207,18 +194,14 @@ class TensorBoardSync(Callback):
             if isinstance(logger, TensorBoardLogger) and Path(logger.log_dir).is_dir()
         ]
 
-    def _flush(self, trainer: L.Trainer) -> None:
-        for logger, _ in self._tensorboard_dirs(trainer):
-            logger.experiment.flush()
-
     def _copy_if_pending(self, trainer: L.Trainer, *args: Any) -> None:
-        if not self._pending or self.destination is None:
+        if not self._pending or self.storage_folder is None:
             return
         self._pending = False
         for logger, log_dir in self._tensorboard_dirs(trainer):
             logger.experiment.flush()
             events = sorted(log_dir.glob("events.out.tfevents.*"))
-            copy_changed_files(events, self.destination, self.storage_folder)
+            copy_changed_files(events, f"{self.storage_folder}/tensorboard", self.storage_folder)
 
     on_train_batch_start = on_train_epoch_start = on_exception = _copy_if_pending
 
@@ -236,7 +219,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         url = str(path)
-        folder, name = _storage_folder_and_name(url)
+        folder, name = url.rstrip("/").rsplit("/", 1)
+        if folder.endswith("/checkpoints"):  # named as in the run's storage folder
+            folder, name = folder.removesuffix("/checkpoints"), f"checkpoints/{name}"
         failure = failed_storage(url)
         if failure is not None:
             raise failure
@@ -247,7 +232,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 write_atomic(
                     Path(url.removeprefix("file://")),
                     lambda file: torch.save(checkpoint, CountingWriter(file)),
-                    binary=True,
                     durable=True,
                 )
             else:
@@ -276,19 +260,11 @@ class DamagedCheckpoint(LitlabError):
     exit_code = EXIT_FAILED
 
 
-def _storage_folder_and_name(url: str) -> tuple[str, str]:
-    """``(<root>/<identity>, checkpoints/<file>)`` for a checkpoint in a run's storage folder."""
-    folder, file = url.rstrip("/").rsplit("/", 1)
-    if folder.endswith("/checkpoints"):
-        return folder.removesuffix("/checkpoints"), f"checkpoints/{file}"
-    return folder, file
-
-
 def newest_checkpoint(trainer: L.Trainer) -> tuple[str, int] | None:
     """``(url, global step)`` of the checkpoint the same command resumes from, as this process knows
     it: the newest it wrote (rank 0 writes them all), else the newest of a checkpoint callback without
     a monitor (every rank knows those). None before the first checkpoint."""
-    saved = getattr(getattr(trainer.strategy, "checkpoint_io", None), "last_saved", None)
+    saved = getattr(trainer.strategy.checkpoint_io, "last_saved", None)  # AtomicCheckpointIO's
     if saved is not None:
         return saved
     written = [
@@ -309,8 +285,6 @@ def kept_checkpoint(trainer: L.Trainer) -> str:
 
 
 RUN_CONFIG_KEY = "litlab"  # every checkpoint carries its run's config under it (read by litlab-eval)
-# What torch's weights_only loading accepts in hyper_parameters; anything else is stored as text.
-_PLAIN = (str, int, float, bool, type(None))
 
 
 class RunConfigInCheckpoint(Callback):
@@ -319,15 +293,11 @@ class RunConfigInCheckpoint(Callback):
     loading refuses (an optimizer partial, a network) are stored as their text."""
 
     def __init__(
-        self,
-        config: dict[str, Any],
-        choices: dict[str, Any],
-        redact_values: Callable[[Any], Any] | None = None,
+        self, config: dict[str, Any], choices: dict[str, Any], redact_values: Callable[[Any], Any]
     ) -> None:
         # config: already redacted (litlab.config.redact); redact_values: what does it for the
         # hyperparameters a module saved, which hold the resolved values it was built with.
-        self.config, self.choices = config, choices
-        self.redact_values = redact_values or (lambda value: value)
+        self.config, self.choices, self.redact_values = config, choices, redact_values
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint[RUN_CONFIG_KEY] = {"config": self.config, "choices": self.choices}
@@ -337,7 +307,8 @@ class RunConfigInCheckpoint(Callback):
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, _PLAIN):
+    """What torch's weights_only loading accepts; anything else as its text."""
+    if isinstance(value, (str, int, float, bool, type(None))):
         return value
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}

@@ -1,7 +1,6 @@
-"""One process at a time trains a run identity: ``<root>/<identity>.lock``, created exclusively and
-holding its holder's heartbeat record, rewritten every ``_HEARTBEAT_S`` s. A second start refuses in one
-line naming the holder; a lock whose process is gone, or older than ``STALE_AFTER_S``, is taken over.
-Only global rank 0 takes it (docs/storage.md).
+"""One process at a time trains a run identity: ``<root>/<identity>.lock``, created exclusively, holds
+its holder's heartbeat record. A second start refuses in one line naming the holder; a lock whose process
+is gone, or older than ``STALE_AFTER_S``, is taken over. Only global rank 0 takes it (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class Holder:
 
 
 def lock_url(storage: RunStorage) -> str:
-    return f"{storage.root}/{storage.identity}{LOCK_SUFFIX}"
+    return storage.url + LOCK_SUFFIX
 
 
 def held_by_another(storage: RunStorage) -> Holder | None:
@@ -91,7 +90,7 @@ def held_by_another(storage: RunStorage) -> Holder | None:
     return holder if holder is not None and holder.stale_because() is None else None
 
 
-def refusal(storage: RunStorage, holder: Holder) -> str:
+def _refusal(storage: RunStorage, holder: Holder) -> str:
     return (
         f"run {storage.identity} is already running: {lock_url(storage)} is held by {holder.describe()}; "
         "wait for it to end or stop it, or give this run another run_name (two copies of one command, "
@@ -139,13 +138,13 @@ def take(storage: RunStorage) -> Holder:
         holder = _read(storage)
         why = holder.stale_because() if holder is not None else "it cannot be read"
         if why is None:
-            raise RunLocked(refusal(storage, holder))
+            raise RunLocked(_refusal(storage, holder))
         if holder is None or holder.token != os.environ.get(HANDOVER_ENV):
             log.warning("taking over %s (%s)", lock_url(storage), why)
         _write(storage, me)
         now = _read(storage)  # another start may have taken it over at the same moment
         if now is None or now.token != me.token:
-            raise RunLocked(refusal(storage, now or me))
+            raise RunLocked(_refusal(storage, now or me))
     return me
 
 
@@ -167,7 +166,7 @@ def _create(storage: RunStorage, holder: Holder) -> bool:
     path = _lock_path(storage)
     try:
         if storage.is_local:
-            write_atomic(Path(path), lambda file: file.write(data), binary=True, exclusive=True)
+            write_atomic(Path(path), lambda file: file.write(data), exclusive=True)
         else:
             storage.fs.pipe_file(path, data, mode="create")  # S3: a conditional PUT (If-None-Match)
         return True
@@ -203,4 +202,4 @@ def check_not_locked(storage: RunStorage) -> None:
     """The preflight's check: StorageError (one line) when another process holds the run's lock."""
     holder = held_by_another(storage)
     if holder is not None:
-        raise StorageError(refusal(storage, holder))
+        raise StorageError(_refusal(storage, holder))

@@ -1,18 +1,14 @@
-"""The resume decision: continue a run identity from its newest checkpoint that loads, or start it fresh.
-
-``decide`` applies ``resume=auto|never|PATH`` to ``<storage.root>/<run identity>/``: a completed run is
-not trained again (one completed with other code or settings gets a folder of its own,
-``<identity>-<version[:8]>``); an unfinished one continues whatever changed, with a warning. ``find``
-is its read-only first half, which names the run's folder. Every rank decides alone, from the same
-command and storage (the launchers share no channel before the process group exists): only global
-rank 0 changes storage, and nothing it changes alters another rank's answer.
-"""
+"""The resume decision (``resume=auto|never|PATH``, docs/storage.md): continue a run identity from its
+newest checkpoint that loads, start it fresh, or not at all (completed). Every rank decides alone, from
+the same command and storage (the launchers share no channel before the process group exists): only
+global rank 0 changes storage, and nothing it changes alters another rank's answer."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import hashlib
+import itertools
 import json
 import logging
 import re
@@ -87,17 +83,9 @@ _KEPT: dict[tuple[str, str, str | None], Decision] = {}
 
 
 def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, keep: bool = False) -> Decision:
-    """The decision as the stored records make it, read-only: the folder for this code and settings
-    (``Decision.folder``, ``.identity``) and, for ``resume=auto``, the summary of a run completed there.
-    ``keep``: kept for this start's ``decide``, which takes it: a start reads the records once.
-
-    The folder is the identity's own (while empty, the ``earlier`` one of ``code`` where that holds
-    the run, but with ``resume=never``) while it is empty, unfinished (a Slurm requeue never starts
-    over), or completed with this code and settings (or before litlab recorded them). Once it
-    completed otherwise, a later version's: the one named for these (always with ``resume=never``:
-    what it sets aside never changes which folder another rank finds), else one that completed with
-    them, else the newest unfinished one.
-    """
+    """``decide``'s read-only first half: the run's folder for this code and settings (``.folder``,
+    ``.identity``) and, for ``resume=auto``, the summary of a run completed there. ``keep``: kept for
+    this start's ``decide``, which takes it: a start reads the records once."""
     key = (storage.url, mode, code and code["fingerprint"], code and code.get("settings"))
     found = _KEPT.get(key) if keep else _KEPT.pop(key, None)
     if found is None:
@@ -109,6 +97,8 @@ def find(mode: str, storage: RunStorage, code: dict[str, Any] | None = None, kee
 
 
 def _find(mode: str, storage: RunStorage, code: dict[str, Any] | None) -> Decision:
+    # The identity's own folder while it is empty (then its earlier name's, where that holds the run),
+    # unfinished (a Slurm requeue never starts over), or completed with this code and settings.
     own, why, earlier = storage, None, (code or {}).get("earlier")
     if earlier not in (None, storage.identity) and mode != NEVER and not has_files(storage):
         stored = RunStorage(storage.root, earlier, storage.options)
@@ -118,13 +108,10 @@ def _find(mode: str, storage: RunStorage, code: dict[str, Any] | None) -> Decisi
         version = hashlib.sha1(f"{code['fingerprint']} {code.get('settings')}".encode()).hexdigest()
         folder = RunStorage(storage.root, f"{storage.identity}-{version[:8]}", storage.options)
         why = "completed with other code or settings"
+        # resume=never always takes the folder named for these: what it sets aside never changes
+        # which folder another rank finds.
         if mode != NEVER and not has_files(folder):
-            completed, unfinished = _later_versions(storage)
-            with_these = [f for f, _, r in completed if _trained_the_same(r, code)]
-            if with_these:  # an unfinished version that continued with this code and settings, and finished
-                folder = with_these[0]
-            elif unfinished:
-                folder = unfinished[0][0]
+            folder = _later_version(storage, code) or folder
         summary, record = _read_json(folder, "summary.json"), _read_json(folder, _RECORD)
     return Decision(
         completed_summary=summary if mode == AUTO and _completed(summary) else None,
@@ -144,11 +131,8 @@ def decide(
     code: dict[str, Any] | None = None,
 ) -> Decision:
     """What this start of the run does: resume from a checkpoint, start fresh, or nothing (completed).
-
-    ``code``: the user's code and settings now (``litlab.config.identity.start_record``), whose folder
-    ``find`` picks. A ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints and is never
-    "completed": it always starts fresh. Only global rank 0 changes storage here (module docstring).
-    """
+    ``code``: the user's code and settings now (``litlab.config.identity.start_record``). A
+    ``debug_run`` (``trainer.fast_dev_run``) writes no checkpoints, so it always starts fresh."""
     if debug_run:
         return Decision(code=code, folder=storage)
     decision = find(mode, storage, code)
@@ -226,8 +210,7 @@ def _resuming(decision: Decision, point: ResumePoint, is_global_zero: bool) -> D
     starts = [*(record.get("starts") or []), _fingerprints(decision.code)]
     fresh = max((i for i, start in enumerate(starts[:-1]) if not start.get("resumed_from")), default=0)
     for what in ("code", "settings"):
-        seen = [str(s[what])[:8] for s in starts[fresh:] if s.get(what)]
-        versions = [v for i, v in enumerate(seen) if i == 0 or seen[i - 1] != v]
+        versions = [v for v, _ in itertools.groupby(str(s[what])[:8] for s in starts[fresh:] if s.get(what))]
         if len(versions) > 1:
             decision.resumed_across.append(f"{what} {'→'.join(versions)}")
     return decision
@@ -265,14 +248,14 @@ def _modified(entry: dict[str, Any]) -> float:
     """An fsspec ``ls`` entry's modification time as a POSIX timestamp, whatever the backend."""
     for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
         value = entry.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
+        if isinstance(value, str):  # gcsfs's, RFC 3339
+            with contextlib.suppress(ValueError):
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
         if isinstance(value, dt.datetime):
             return value.timestamp()
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    return 0.0
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0  # a backend that records no time: the ties rule orders its checkpoints
 
 
 def remove_temporaries(folder: RunStorage) -> list[str]:
@@ -312,27 +295,27 @@ def _set_aside(folder: RunStorage) -> str:
     return folder.url_of_path(target)
 
 
-def _later_versions(storage: RunStorage) -> tuple[list[tuple], list[tuple]]:
-    """The identity's folders of later code versions, each with its summary and run.json: the
-    completed ones, and the unfinished ones (newest start first)."""
+def _later_version(storage: RunStorage, code: dict[str, Any]) -> RunStorage | None:
+    """The identity's folder of a later code version that completed with this code and these settings
+    (an unfinished version that continued with them, and finished), else the unfinished one started last."""
     parent = storage.path.rpartition("/")[0]
     try:
         names = [
             str(n).rstrip("/").rpartition("/")[2] for n in storage.fs.ls(parent, detail=False, refresh=True)
         ]
     except FileNotFoundError:
-        return [], []
+        return None
     pattern = re.compile(re.escape(storage.identity) + "-[0-9a-f]{8}")
-    completed, unfinished = [], []
+    unfinished = []
     for name in sorted(n for n in names if pattern.fullmatch(n)):
         folder = RunStorage(storage.root, name, storage.options)
-        found = (folder, _read_json(folder, "summary.json"), _read_json(folder, _RECORD))
-        if _completed(found[1]):
-            completed.append(found)
+        record = _read_json(folder, _RECORD)
+        if _completed(_read_json(folder, "summary.json")):
+            if _trained_the_same(record, code):
+                return folder
         elif has_files(folder):
-            unfinished.append(found)
-    last_start = lambda found: str(((found[2].get("starts") or [{}])[-1]).get("at") or "")  # noqa: E731
-    return completed, sorted(unfinished, key=last_start, reverse=True)
+            unfinished.append((str(((record.get("starts") or [{}])[-1]).get("at") or ""), folder))
+    return max(unfinished, key=lambda found: found[0])[1] if unfinished else None
 
 
 def _trained_the_same(record: dict[str, Any], code: dict[str, Any]) -> bool:
@@ -387,11 +370,8 @@ def continue_tensorboard(decision: Decision, own_dir: Path | None, storage: RunS
         log.info("resume: TensorBoard continues in %s", previous)
         return
     try:
-        events = [
-            e["name"]
-            for e in storage.fs.ls(f"{storage.path}/tensorboard", detail=True)
-            if e["type"] == "file"
-        ]
+        listed = storage.fs.ls(f"{storage.path}/tensorboard", detail=True)  # find() would hide an OSError
+        events = [e["name"] for e in listed if e["type"] == "file"]
     except FileNotFoundError:
         events = []
     own_dir.mkdir(parents=True, exist_ok=True)

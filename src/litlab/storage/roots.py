@@ -1,9 +1,6 @@
-"""Where a run's checkpoints, config copy and summary persist: ``<storage.root>/<run identity>/``.
-
-Roots are fsspec URLs (a local path, ``s3://``, ``gs://``, ``az://``); credentials come from the
-environment, never the config. ``check_storage`` runs in the preflight, before torch loads; a write
-that fails during a run raises ``StorageFailed``, one line. Object-store requests are bounded.
-"""
+"""Where a run's checkpoints, config copy and summary persist: ``<storage.root>/<run identity>/``, an
+fsspec URL (credentials from the environment, never the config). ``check_storage`` runs before torch
+loads; a write that fails during a run raises ``StorageFailed``, one line. docs/storage.md."""
 
 from __future__ import annotations
 
@@ -68,33 +65,76 @@ def writing(root: str, what: str, url: str | None = None) -> Iterator[None]:
     except StorageFailed:
         raise
     except Exception as error:
-        cause = storage_cause(error, url or root)
-        if cause is None:
+        if (cause := storage_cause(error, url or root)) is None:
             raise
         failure = StorageFailed(root, what, cause)
         _FAILED_ROOTS[root] = failure
         raise failure from error
 
 
-def storage_cause(error: BaseException, url: str) -> str | None:
-    """Why a storage operation failed, in words; None for errors that are not the storage's (a
-    checkpoint that cannot be pickled, say)."""
+def storage_cause(error: BaseException, url: str, checked: Mapping[str, Any] | None = None) -> str | None:
+    """Why a storage operation on ``url`` failed, in words. During the run, None for errors that are
+    not the storage's (a checkpoint that cannot be pickled, say); for a check (``checked``: its
+    filesystem's options, one try), any error of an object store."""
     # torch.save reports a full disk as a RuntimeError raised while handling the file's OSError.
     os_error = next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno is not None), None)
-    protocol = get_protocol(url)
+    protocol, attempts = get_protocol(url), None
     if protocol == "file":
-        if os_error is None or os_error.errno is None:
+        if os_error is None:
             return None
         reason = os.strerror(os_error.errno).lower()
         if os_error.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"{reason} (errno {errno.errorcode[os_error.errno]})"
         return f"{reason} ({os_error.filename or url})"
-    if not _names(*error_chain(error)) & _REMOTE_ERRORS and os_error is None:
-        return None
-    options = fsspec.config.conf.get(protocol, {})
-    attempts = options.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
-    attempts = attempts or options.get("max_attempts")  # GCS and Azure classes take it as it is
-    return _cause(error, url, _endpoint(protocol, options), attempts)
+    if checked is None:  # the run's filesystem: fsspec's options for the protocol (use_storage_options)
+        if not _names(*error_chain(error)) & _REMOTE_ERRORS and os_error is None:
+            return None
+        checked = fsspec.config.conf.get(protocol, {})
+        attempts = checked.get("config_kwargs", {}).get("retries", {}).get("total_max_attempts")
+        attempts = attempts or checked.get("max_attempts")  # GCS and Azure classes take it as it is
+    unreachable = [e for e in error_chain(error) if _names(e) & _UNREACHABLE]
+    if unreachable:
+        endpoint = _endpoint(protocol, checked)
+        tries = f" after {attempts} attempts" if attempts else ""
+        said = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
+        return f"{endpoint} did not answer{tries} ({type(said).__name__}: {one_line(said)})"
+    return _answered(error, url)
+
+
+def _answered(error: BaseException, url: str) -> str:
+    """An object store's error other than silence, in words: a refusal, no credentials, no bucket."""
+    names = _names(error)
+    message = one_line(error)
+    status = getattr(error, "status_code", None)  # azure-core's HttpResponseError: its status and code
+    if "HttpResponseError" in names and status:  # (its message goes on with the XML answer)
+        code = getattr(error, "error_code", None)
+        message = f"{status} {getattr(code, 'value', code) or first_line(error)}"
+    if "HttpError" in names and getattr(error, "code", None):  # gcsfs's: "<message>, <status>"
+        status = error.code  # type: ignore[attr-defined]
+        message = f"{status} {str(error).rpartition(', ')[0]}".strip()
+    if "AzureSigningError" in names:  # the SDK cannot sign with the key (binascii's words hold none of it)
+        key = "AZURE_STORAGE_ACCOUNT_KEY"
+        if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):  # adlfs takes it first
+            key = "the AccountKey in AZURE_STORAGE_CONNECTION_STRING"
+        return f"{key} is not a valid account key, which is base64 ({message}): copy it again"
+    # adlfs without a connection string or account name; Azure's credential chain finding none.
+    chain_found_none = {"CredentialUnavailableError", "ClientAuthenticationError"} & names and not status
+    no_azure_credentials = bool(chain_found_none) or (
+        isinstance(error, ValueError) and "connection_string or account_name" in message
+    )
+    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or no_azure_credentials:
+        return (
+            "no credentials found: set them in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_CONNECTION_STRING or "
+            "AZURE_STORAGE_ACCOUNT_NAME) or the provider's credential chain"
+        )
+    if isinstance(error, FileNotFoundError):
+        bucket = url.split("://", 1)[1].split("/", 1)[0]
+        kind = "container" if get_protocol(url) in _OBJECT_STORES["azure"] else "bucket"
+        return f"{kind} '{bucket}' does not exist ({message})"
+    if isinstance(error, PermissionError) or status in (401, 403):
+        return f"access denied, check the credentials in the environment ({message})"
+    return f"{type(error).__name__}: {message}"
 
 
 def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,8 +146,15 @@ def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
         client = {"endpoint_url": storage.get("endpoint_url"), "region_name": storage.get("region")}
         client = {k: v for k, v in client.items() if v}
         options: dict[str, Any] = {"client_kwargs": client} if client else {}
-        session = _session_without_expect_continue()
-        return {**options, "config_kwargs": s3_client_config(timeout, attempts), "session": session}
+        # botocore's standard retry mode, each try failing after ``timeout`` s without progress (to
+        # connect, between bytes received, sent bytes unacknowledged).
+        config = {
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+            "retries": {"mode": "standard", "total_max_attempts": attempts},
+            "connector_args": {"socket_factory": functools.partial(socket_timing_out_stalled_sends, timeout)},
+        }
+        return {**options, "config_kwargs": config, "session": _session_without_expect_continue()}
     store = next((store for store, names in _OBJECT_STORES.items() if protocol in names), None)
     keys = {"gcs": ("endpoint_url", "project"), "azure": ("account_name", "endpoint_url")}.get(store, ())
     options = {key: storage[key] for key in keys if storage.get(key)}
@@ -118,21 +165,20 @@ def storage_options(storage: Mapping[str, Any]) -> dict[str, Any]:
     return {**options, "max_attempts": attempts, "timeout_s": timeout} if keys else {}
 
 
-# The classes that bound every request of their protocol, whatever URL it is for (the storage root, a
-# checkpoint litlab-eval reads, resume=URL); each says what its library would do instead.
+# Each store's library and the class that bounds every request of its protocol, whatever URL it is for
+# (the storage root, a checkpoint litlab-eval reads, resume=URL); each says what its library would do.
 _BOUNDED_FILESYSTEMS = {
-    "s3": "litlab.storage.s3_retrying_once.S3FileSystemRetryingOnce",
-    "gcs": "litlab.storage.gcs_bounded.GCSFileSystemBounded",
-    "azure": "litlab.storage.azure_blob.AzureBlobFileSystemBounded",
+    "s3": ("s3fs", "litlab.storage.s3_retrying_once.S3FileSystemRetryingOnce"),
+    "gcs": ("gcsfs", "litlab.storage.gcs_bounded.GCSFileSystemBounded"),
+    "azure": ("adlfs", "litlab.storage.azure_blob.AzureBlobFileSystemBounded"),
 }
-_EXTRAS = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}
 
 
 def open_through_bounded_filesystems() -> None:
     """fsspec opens every object store's URLs with its class in ``_BOUNDED_FILESYSTEMS``: by name, so its
     library is imported only when used, or as a class where fsspec has the library's own already."""
-    for store, class_path in _BOUNDED_FILESYSTEMS.items():
-        needs = f"{store} storage needs {_EXTRAS[store]}: pip install 'litlab[{store}]'"
+    for store, (library, class_path) in _BOUNDED_FILESYSTEMS.items():
+        needs = f"{store} storage needs {library}: pip install 'litlab[{store}]'"
         for name in _OBJECT_STORES[store]:
             if name in fsspec.registry:
                 module, _, cls = class_path.rpartition(".")
@@ -152,17 +198,6 @@ def use_storage_options(root: str, options: Mapping[str, Any]) -> None:
     if options:
         fsspec.config.conf.setdefault(protocol, {}).update(options)
     open_through_bounded_filesystems()  # again: a library imported since may have taken the protocol
-
-
-def s3_client_config(timeout: float, attempts: int) -> dict[str, Any]:
-    """botocore settings: ``attempts`` tries of an S3 request (its standard retry mode), each failing
-    after ``timeout`` s without progress (to connect, between bytes received, sent bytes unacknowledged)."""
-    return {
-        "connect_timeout": timeout,
-        "read_timeout": timeout,
-        "retries": {"mode": "standard", "total_max_attempts": attempts},
-        "connector_args": {"socket_factory": functools.partial(socket_timing_out_stalled_sends, timeout)},
-    }
 
 
 def socket_timing_out_stalled_sends(timeout: float, addr_info: tuple) -> socket.socket:
@@ -254,19 +289,15 @@ def copy_changed_files(files: list[Path], destination: str, root: str) -> None:
 
 
 def write_atomic(
-    path: Path,
-    write: Callable[[IO], Any],
-    binary: bool = False,
-    durable: bool = False,
-    exclusive: bool = False,
+    path: Path, write: Callable[[IO[bytes]], Any], durable: bool = False, exclusive: bool = False
 ) -> None:
-    """The engine's one atomic write: ``write(file)`` into a temporary file, then a rename, so a full
-    disk or a kill never truncates ``path``. ``durable``: synced to disk too (checkpoints);
+    """The engine's one atomic write: ``write(file)`` (binary) into a temporary file, then a rename, so a
+    full disk or a kill never truncates ``path``. ``durable``: synced to disk too (checkpoints);
     ``exclusive``: FileExistsError where ``path`` exists (a lock, created whole and only once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
             if durable:
                 f.flush()
@@ -283,7 +314,7 @@ def write_atomic(
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda file: file.write(text))
+    write_atomic(path, lambda file: file.write(text.encode()))
 
 
 # --- the fail-fast check -------------------------------------------------------------------------
@@ -336,7 +367,7 @@ def check_checkpoint_exists(url: str, storage: Mapping[str, Any]) -> None:
             options = _fail_fast({**(storage if same else {}), "root": url}, timeout)
             found = fsspec.get_filesystem_class(protocol)(**options).isfile(url)
     except Exception as error:
-        cause = one_line(error) if protocol == "file" else _cause(error, url, _endpoint(protocol, options))
+        cause = one_line(error) if protocol == "file" else storage_cause(error, url, options)
         raise StorageError(f"resume={url} cannot be checked: {cause}") from None
     if not found:
         raise StorageError(
@@ -359,9 +390,7 @@ def _check_local(root: str, create: bool) -> None:
     if not path.is_dir():
         raise StorageError(f"storage root {root} is not a directory")
     try:
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".litlab-write-check-", suffix=TEMPORARY_SUFFIX)
-        os.close(fd)
-        os.unlink(probe)
+        tempfile.TemporaryFile(dir=path).close()
     except OSError as error:
         raise StorageError(f"storage root {root} is not writable: {error.strerror}") from None
 
@@ -394,7 +423,7 @@ def _check_remote(root: str, options: dict[str, Any], timeout: float) -> None:
     if worker.is_alive():
         raise StorageError(f"storage root {root} is not usable: {endpoint} did not answer in {timeout:g} s")
     if failure:
-        raise StorageError(f"storage root {root} is not usable: {_cause(failure[0], root, endpoint)}")
+        raise StorageError(f"storage root {root} is not usable: {storage_cause(failure[0], root, options)}")
 
 
 def _fail_fast(storage: Mapping[str, Any], timeout: float) -> dict[str, Any]:
@@ -424,44 +453,3 @@ def _endpoint(protocol: str, options: Mapping[str, Any]) -> str:
 
 def _names(*errors: BaseException) -> set[str]:
     return {cls.__name__ for error in errors for cls in type(error).__mro__}
-
-
-def _cause(error: BaseException, root: str, endpoint: str, attempts: int | None = None) -> str:
-    """The one wording of a storage cause, for the check (``attempts`` None: it tries once) and the run."""
-    unreachable = [e for e in error_chain(error) if _names(e) & _UNREACHABLE]
-    if unreachable:
-        tries = f" after {attempts} attempts" if attempts else ""
-        said = next((e for e in unreachable if str(e)), unreachable[0])  # fsspec's timeout says nothing
-        return f"{endpoint} did not answer{tries} ({type(said).__name__}: {one_line(said)})"
-    names = _names(error)
-    message = one_line(error)
-    status = getattr(error, "status_code", None)  # azure-core's HttpResponseError: its status and code
-    if "HttpResponseError" in names and status:  # (its message goes on with the XML answer)
-        code = getattr(error, "error_code", None)
-        message = f"{status} {getattr(code, 'value', code) or first_line(error)}"
-    if "HttpError" in names and getattr(error, "code", None):  # gcsfs's: "<message>, <status>"
-        status = error.code  # type: ignore[attr-defined]
-        message = f"{status} {str(error).rpartition(', ')[0]}".strip()
-    if "AzureSigningError" in names:  # the SDK cannot sign with the key (binascii's words hold none of it)
-        key = "AZURE_STORAGE_ACCOUNT_KEY"
-        if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):  # adlfs takes it first
-            key = "the AccountKey in AZURE_STORAGE_CONNECTION_STRING"
-        return f"{key} is not a valid account key, which is base64 ({message}): copy it again"
-    # adlfs without a connection string or account name; Azure's credential chain finding none.
-    chain_found_none = {"CredentialUnavailableError", "ClientAuthenticationError"} & names and not status
-    no_azure_credentials = bool(chain_found_none) or (
-        isinstance(error, ValueError) and "connection_string or account_name" in message
-    )
-    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or no_azure_credentials:
-        return (
-            "no credentials found: set them in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-            "or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_CONNECTION_STRING or "
-            "AZURE_STORAGE_ACCOUNT_NAME) or the provider's credential chain"
-        )
-    if isinstance(error, FileNotFoundError):
-        bucket = root.split("://", 1)[1].split("/", 1)[0]
-        kind = "container" if get_protocol(root) in _OBJECT_STORES["azure"] else "bucket"
-        return f"{kind} '{bucket}' does not exist ({message})"
-    if isinstance(error, PermissionError) or status in (401, 403):
-        return f"access denied, check the credentials in the environment ({message})"
-    return f"{type(error).__name__}: {message}"
