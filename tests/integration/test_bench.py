@@ -80,6 +80,12 @@ def test_tiny_bench_measures_every_section_and_writes_its_table(tmp_path: Path):
             assert rate > 0 and loaders["vs_dataloader"][name][mode] == pytest.approx(rate / plain)
     assert "**Loaders**" in table and "| ResumableDataLoader |" in table
 
+    # DDP: both runners on 2 ranks, wall and main-thread CPU time side by side.
+    (pair,) = report["ddp"]["runs"]
+    assert pair["litlab_vs_lightning"] == pytest.approx(pair["litlab_step_ms"] / pair["lightning_step_ms"])
+    assert pair["cpu_litlab_vs_lightning"] == pytest.approx(pair["litlab_cpu_ms"] / pair["lightning_cpu_ms"])
+    assert "**DDP**" in table and "rank 0's main-thread CPU time" in table
+
     accelerator = report["accelerator"]
     if "skipped" in accelerator:  # no CUDA here: a reason, printed in the table
         assert "CUDA" in accelerator["skipped"] and accelerator["skipped"] in table
