@@ -47,8 +47,8 @@ def test_requeue_signal_stops_both_ranks_requeues_the_job_and_it_resumes_in_its_
         "callbacks.progress.every_n_steps=1",
     ]
     # Both ranks hold after step 5 until the signal comes (tests.faults.HoldAt): the tiny run would
-    # otherwise end before scancel's signal arrives. The ranks agree on it a batch after the next
-    # boundary (their agreement is read a batch after it starts): both stop at step 7.
+    # otherwise end before scancel's signal arrives. The ranks agree on it at the next optimizer
+    # step (in the non-finite guard's sum): both stop at step 6.
     hold = {**FAULTS_IMPORTABLE, HOLD_AT_ENV: "SIGUSR1:5"}
     job_id = submit_train_batch(
         slurm_cluster, out, *args, "+callbacks.hold._target_=tests.faults.HoldAt", env=hold
@@ -63,7 +63,7 @@ def test_requeue_signal_stops_both_ranks_requeues_the_job_and_it_resumes_in_its_
     assert state == "COMPLETED", f"{state}\n{output[-4000:]}"
     assert f"requeued Slurm job {job_id}" in output, output[-4000:]
     stops = re.findall(r"\]\[rank (\d)\]\[litlab\]\[WARNING\] SIGTERM: stopped at global step (\d+)", output)
-    assert sorted(stops) == [("0", "7"), ("1", "7")], stops
+    assert sorted(stops) == [("0", "6"), ("1", "6")], stops
     (resumed,) = re.findall(
         r"\]\[rank 0\]\[litlab\]\[INFO\] resuming from (\S+) \(epoch \d+, step (\d+)\)", output
     )

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.callbacks.nonfinite import NonFiniteLossGuard
 from litlab.run.hangs import RankWatch, restore_signal_handlers
 
 _NO_LIMITS = SimpleNamespace(hang_timeout=0, preempt_grace=0)  # no watchdog: the stop alone
@@ -43,6 +44,7 @@ def received():
 
 
 def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int = 1, **more) -> L.Trainer:
+    watch = RankWatch(_NO_LIMITS, SimpleNamespace(dir=tmp_path), lambda *a, **k: None)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=more.pop("devices", 1),
@@ -53,7 +55,7 @@ def _fit(tmp_path, *callbacks: Callback, max_steps: int = 10, accumulation: int 
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
-        callbacks=[RankWatch(_NO_LIMITS, SimpleNamespace(dir=tmp_path), lambda *a, **k: None), *callbacks],
+        callbacks=[watch, NonFiniteLossGuard(rider=watch), *callbacks],  # as every run has them
         **more,
     )
     trainer.fit(BoringModel())
@@ -107,23 +109,29 @@ class _BatchesOnFile(Callback):
             ended.write(f"{batch_idx}\n")
 
 
-def _rank(rank: int, folder, port: int, signalled: int) -> None:
+def _rank(rank: int, folder, port: int, signalled: int, at: int, accumulation: int) -> None:
     """One rank of a 2-rank DDP fit, started as torchrun would (Lightning launches none)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank))
     with contextlib.suppress(SIGTERMException):
-        _fit(folder, _SigtermAt(3, signalled), _BatchesOnFile(folder), devices=2, strategy="ddp")
+        fault = _SigtermAt(at, signalled)
+        _fit(folder, fault, _BatchesOnFile(folder), devices=2, strategy="ddp", accumulation=accumulation)
 
 
+@pytest.mark.parametrize(("at", "accumulation", "last"), [(3, 1, 3), (5, 4, 7)])
 @pytest.mark.parametrize("signalled", [0, 1])
-def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_batch(tmp_path, signalled):
-    """The ranks agree at a batch's end on the flags sent at the previous one's (no host sync on a
-    batch's path): noted in batch 3, the stop comes after batch 4 on both ranks."""
+def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_batch(
+    tmp_path, signalled, at, accumulation, last
+):
+    """The ranks agree at each optimizer step, in the non-finite guard's sum (no collective of the
+    stop's own on a batch's path): noted as batch 3 starts, the stop comes after batch 3 on both ranks;
+    with accumulation, noted in the second window's second batch, after that window (batch 7)."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     fork = multiprocessing.get_context("fork")
-    ranks = [fork.Process(target=_rank, args=(rank, tmp_path, port, signalled)) for rank in (0, 1)]
+    args = (tmp_path, port, signalled, at, accumulation)
+    ranks = [fork.Process(target=_rank, args=(rank, *args)) for rank in (0, 1)]
     for process in ranks:
         process.start()
     for process in ranks:
@@ -131,4 +139,4 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_batch(tmp_path, s
         process.kill()
     assert [process.exitcode for process in ranks] == [0, 0]
     for rank in (0, 1):
-        assert (tmp_path / f"rank{rank}.txt").read_text().split() == ["0", "1", "2", "3", "4"], rank
+        assert (tmp_path / f"rank{rank}.txt").read_text().split() == [str(b) for b in range(last + 1)], rank

@@ -27,13 +27,17 @@ class NonFiniteLoss(LitlabError):
 class NonFiniteLossGuard(Callback):
     """``action="fail"`` raises NonFiniteLoss, the last checkpoint being the last good one; ``"skip"``
     drops the optimizer step (gradients set to None, which torch optimizers skip) and counts it. Either
-    way batch-norm statistics are put back. Under DDP every rank takes the same decision (one boolean
-    all-reduce per optimizer step), so no rank waits forever for one that stopped. With fp16's gradient
-    scaler, inf gradients are the scaler's business (it skips those steps itself): only the loss is checked.
+    way batch-norm statistics are put back. Under DDP every rank takes the same decision (one all-reduce
+    per optimizer step), so no rank waits forever for one that stopped. With fp16's gradient scaler, inf
+    gradients are the scaler's business (it skips those steps itself): only the loss is checked.
+
+    ``rider``: what else the ranks agree on at each optimizer step, summed in the same all-reduce (its
+    ``flags()`` before, its ``agreed(sums)`` after): the run's stop flags (``RankWatch``), so a step
+    carries one collective, not two (docs/performance.md).
     """
 
-    def __init__(self, action: str = "fail") -> None:
-        self.action = action
+    def __init__(self, action: str = "fail", rider: Any = None) -> None:
+        self.action, self.rider = action, rider
         self.report: dict[str, Any] = {"action": action, "skipped_steps": 0, "skipped_at_steps": []}
         self._losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses
         self._buffers: list[torch.Tensor] = []  # the module's floating-point buffers (batch norm)
@@ -58,7 +62,7 @@ class NonFiniteLossGuard(Callback):
         losses = torch.stack(self._losses).float() if self._losses else None  # one value per micro-batch
         self._losses = []
         problem = self._problem(trainer, optimizer, losses)
-        if not trainer.strategy.reduce_boolean_decision(problem is not None, all=False):
+        if not self._agreed(trainer, problem is not None):
             return
         problem = problem or "loss or gradient of another rank is not finite"
         if self._buffers:  # undo what the bad step's forward passes did to batch-norm statistics
@@ -82,6 +86,18 @@ class NonFiniteLossGuard(Callback):
             f"{kept}: {_cures(trainer)}"
         )
 
+    def _agreed(self, trainer: L.Trainer, problem: bool) -> bool:
+        """Whether any rank has a problem, as every rank learns it (with the rider's sums)."""
+        if trainer.world_size == 1:
+            return problem
+        flags = [int(problem), *(self.rider.flags() if self.rider is not None else ())]
+        sums = torch.tensor(flags, device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(sums)  # not strategy.reduce: it puts a barrier, a collective, first
+        problems, *rider_sums = sums.tolist()  # on the host, as every rank must act alike
+        if self.rider is not None:
+            self.rider.agreed(rider_sums)
+        return problems > 0
+
     def _problem(self, trainer: L.Trainer, optimizer, losses: torch.Tensor | None) -> str | None:
         """What is not finite in this step on this rank, in words; None when all is well."""
         checked = [] if losses is None else [losses]
@@ -94,7 +110,7 @@ class NonFiniteLossGuard(Callback):
                 # One fused kernel for all gradients, as clip_grad_norm_ uses inside (docs/performance.md).
                 norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32))
                 checked.append(norms)
-        if not checked or bool(torch.cat(checked).isfinite().all()):  # the one host-device sync
+        if not checked or bool(torch.cat(checked).isfinite().all()):  # this rank's look, on the host
             return None
         if losses is not None and not bool(losses.isfinite().all()):
             return f"loss is {losses[~torch.isfinite(losses)][0].item()}"

@@ -135,14 +135,14 @@ def check(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value} is not allowed: use one of {shown}")
     for key in _POSITIVE:
         _positive(key, OmegaConf.select(cfg, key, default=1))
-    trainer, data, tune, global_batch = cfg.trainer, cfg.data, cfg.tune, cfg.global_batch_size
+    trainer, data, global_batch = cfg.trainer, cfg.data, cfg.global_batch_size
     # Keys the trainer YAML leaves out have Lightning's defaults (lightning.Trainer's signature).
-    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    devices = trainer.get("devices", "auto")
     if trainer.get("max_epochs") not in (None, -1):
         _positive("trainer.max_epochs", trainer.max_epochs, "a positive integer, or -1 with max_steps")
     if trainer.get("max_steps", -1) != -1:
         _positive("trainer.max_steps", trainer.max_steps, "a positive integer, or -1 (no limit)")
-    if tune.batch_size:
+    if cfg.tune.batch_size:
         _needs_batch_size(data, "tune.batch_size=true", "changes it to the largest that fits")
     if cfg.oom.action == "auto_shrink":
         _needs_batch_size(data, "oom=auto_shrink", "halves it after an out-of-memory error")
@@ -162,6 +162,13 @@ def check(cfg: DictConfig) -> None:
     if cfg.optimized_metric is None:
         _check_nothing_follows_a_metric(cfg)
     batch_sizes(data, trainer, global_batch=global_batch)  # raises when it does not divide
+    _check_runtime_options(cfg)
+
+
+def _check_runtime_options(cfg: DictConfig) -> None:
+    """The watch's limits, gradient clipping, CPU devices and the batch-size finder."""
+    trainer, tune, global_batch = cfg.trainer, cfg.tune, cfg.global_batch_size
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     for key in ("hang_timeout", "preempt_grace"):
         if cfg[key] < 0:
             raise ConfigError(f"{key}={cfg[key]} is not allowed: use a number of seconds, or 0 for off")

@@ -266,14 +266,8 @@ class DevicePoolLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        try:
-            gpus = _visible_gpus()
-            ids = pool_ids(self.devices, gpus)
-            # Without GPUs the ids are slot names (and no CUDA_VISIBLE_DEVICES).
-            schedule = DeviceSchedule(ids, self.jobs_per_device, usable_cores(), gpus=gpus is not None)
-        except ValueError as error:
-            sys.stderr.write(error_line(error) + "\n")
-            raise SystemExit(EXIT_REFUSED) from None
+        schedule = self._schedule()
+        ids = schedule.ids
         count = f"{announced} jobs" if announced is not None else "jobs as they come"
         slots = f"{schedule.jobs_per_device} job{'s' * (schedule.jobs_per_device > 1)} per device"
         devices = f"{len(ids)} device{'s' * (len(ids) > 1)} ({','.join(ids)})"
@@ -302,6 +296,17 @@ class DevicePoolLauncher(Launcher):
             )
             if self._signalled:
                 raise SystemExit(EXIT_PREEMPTED)  # what the jobs got: preempted, resumable
+
+    def _schedule(self) -> DeviceSchedule:
+        """The pool's devices and their slots; a bad setting ends the sweep in one line (exit 2)."""
+        try:
+            gpus = _visible_gpus()
+            ids = pool_ids(self.devices, gpus)
+            # Without GPUs the ids are slot names (and no CUDA_VISIBLE_DEVICES).
+            return DeviceSchedule(ids, self.jobs_per_device, usable_cores(), gpus=gpus is not None)
+        except ValueError as error:
+            sys.stderr.write(error_line(error) + "\n")
+            raise SystemExit(EXIT_REFUSED) from None
 
     def _loop(
         self, next_job: Callable, on_done: Callable, index: int, queue_all: bool, queue: dict, schedule: Any

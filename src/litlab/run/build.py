@@ -293,7 +293,10 @@ def build_callbacks(
 ) -> list[Callback]:
     """The engine's callbacks, which every run has, and the ``callbacks`` group's, combined into one."""
     redaction = redaction or Redaction.of(cfg)
-    nonfinite = NonFiniteLossGuard(cfg.on_nonfinite)  # a nan loss must not go unnoticed
+    # A failed, dead or stuck rank ends the run on every rank; a SIGTERM stops every rank at one step.
+    watch = RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run))
+    # No nan loss goes unnoticed; the ranks' agreement on one carries the watch's stop flags.
+    nonfinite = NonFiniteLossGuard(cfg.on_nonfinite, rider=watch)
     # Throughput, history and input wait for summary.json.
     stats = run.stats = RunStats(cfg.optimized_metric, skips=nonfinite.report)
     world = WorldCheck()  # a run never reports ranks it did not have
@@ -301,9 +304,6 @@ def build_callbacks(
         nonfinite=nonfinite.report, world=world.report, history=stats.history, input_wait=stats.input_wait
     )
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    # A failed or dead rank, or one that makes no progress, ends the run on every rank; a SIGTERM
-    # stops every rank at the same batch, or ends the run if they cannot reach one.
-    watch = RankWatch(cfg, run, record_failure=functools.partial(write_summary, cfg, run=run))
     callbacks = [
         stats,
         nonfinite,

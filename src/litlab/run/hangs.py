@@ -76,7 +76,8 @@ class RankWatch(Callback):
         self.requested = self.requeue = self.at_epoch_end = False  # a stop for a SIGTERM
         self.boundary_reached = False  # every rank agreed to stop there: preempt_grace no longer counts
         self.training = False  # between on_train_start and the end of the fit
-        self.flags_sent: tuple[Any, torch.Tensor, Any] | None = None  # the ranks' stop flags, under way
+        self.stop_agreed = False  # under DDP: a rank was asked to stop, as all learnt it at one step
+        self.stopping = False  # Lightning was told to stop after this batch
         environment = cluster_environment(trainer)  # Slurm's requeue signal (--signal=USR1@90) stops it too
         requeue = environment.requeue_signal if isinstance(environment, SLURMEnvironment) else None
         self.signals = [signal.SIGTERM] if requeue is None else [signal.SIGTERM, requeue]
@@ -155,19 +156,27 @@ class RankWatch(Callback):
     def _note(self, trainer: L.Trainer, name: str) -> None:
         self.requested = True
         self.requeue = self.requeue or name != "SIGTERM"
-        where = "the next batch" if trainer.world_size > 1 else "this batch"  # the ranks agree a batch later
-        if trainer.accumulate_grad_batches > 1:
-            where = f"the optimizer step that ends {where}'s window"
-        log.warning("%s on rank %d: every rank stops after %s", name, trainer.global_rank, where)
+        where = "this batch"
+        if trainer.world_size > 1:  # the ranks agree at each optimizer step (NonFiniteLossGuard's sum)
+            where = "their next optimizer step"
+        elif trainer.accumulate_grad_batches > 1:
+            where = "the optimizer step that ends this batch's window"
+        log.warning(
+            "%s on rank %d: every rank stops after %s (or at the epoch's end)",
+            name,
+            trainer.global_rank,
+            where,
+        )
         if trainer.world_size == 1 and trainer.accumulate_grad_batches == 1 and not _epoch_ending(trainer):
             self._stop(trainer)  # Lightning stops after the batch in progress
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not self._agreed_a_batch_ago(trainer):
-            return
         # A validation under way, or the rest of an accumulation window (whose gradients no checkpoint
-        # holds), is finished first, watched by hang_timeout like any other.
-        self.boundary_reached = True
+        # holds), is finished first, watched by hang_timeout like any other: under DDP the ranks agree
+        # at the window's step, whose sum holds this rank's flag, so preempt_grace no longer counts.
+        self.boundary_reached = self.boundary_reached or self.requested
+        if not (self.requested if trainer.world_size == 1 else self.stop_agreed):
+            return
         if _epoch_ending(trainer):
             self.at_epoch_end = True
         elif not accumulating(trainer):
@@ -179,33 +188,29 @@ class RankWatch(Callback):
             self.boundary_reached = True
             self._stop(trainer)
 
+    def flags(self) -> list[int]:
+        """This rank's stop flags, which ``NonFiniteLossGuard`` sums over the ranks at each optimizer
+        step, in the all-reduce that step makes anyway: no collective of its own on a batch's path."""
+        return [int(self.requested), int(self.requeue)]
+
+    def agreed(self, sums: list[int]) -> None:
+        """The ranks' sums of their ``flags``: the same on every rank, at the same step."""
+        self.stop_agreed = self.stop_agreed or sums[0] > 0
+        self.requeue = self.requeue or sums[1] > 0
+
     def _agreed_now(self, trainer: L.Trainer) -> bool:
-        """Whether any rank was asked to stop; under DDP a host sync (once an epoch)."""
+        """Whether any rank was asked to stop; under DDP a sum of the flags (once an epoch)."""
         if trainer.world_size == 1:
             return self.requested
-        return self._received_flags(_send_flags(self.requested, self.requeue, trainer))
-
-    def _agreed_a_batch_ago(self, trainer: L.Trainer) -> bool:
-        """Whether any rank had been asked to stop by the previous batch's end. Under DDP each batch's
-        end starts the ranks' sum of their flags and reads the previous batch's: every rank gets the
-        same answer at the same batch, without a host sync on the batch's path."""
-        if trainer.world_size == 1:
-            return self.requested
-        sent, self.flags_sent = self.flags_sent, _send_flags(self.requested, self.requeue, trainer)
-        return sent is not None and self._received_flags(sent)
-
-    def _received_flags(self, sent: tuple[Any, torch.Tensor, Any]) -> bool:
-        """The sum ``_send_flags`` started (a batch ago: done by now, so waiting costs nothing)."""
-        work, flags, copied = sent
-        if copied is None:
-            work.wait()
-        else:
-            copied.synchronize()
-        requested, requeue = flags.tolist()
-        self.requeue = self.requeue or bool(requeue)
-        return bool(requested)
+        sums = torch.tensor(self.flags(), device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(sums)
+        self.agreed(sums.tolist())
+        return self.stop_agreed
 
     def _stop(self, trainer: L.Trainer) -> None:
+        if self.stopping:  # agreed at the last step of a max_steps run, then again at its epoch's end
+            return
+        self.stopping = True
         raise_sigterm_after_this_batch(trainer)
         if self.requeue and trainer.is_global_zero:
             atexit.register(_requeue_this_job)  # at exit: after preempted.ckpt and summary.json
@@ -561,21 +566,6 @@ def _epoch_ending(trainer: L.Trainer) -> bool:
     cut the validation short, and a resume would go straight on without it (it resumes a checkpoint
     of an epoch's last batch into the next epoch): such a stop waits for the epoch's end."""
     return in_an_epochs_last_batch(trainer) or trainer.validating or trainer.sanity_checking
-
-
-def _send_flags(requested: bool, requeue: bool, trainer: L.Trainer) -> tuple[Any, torch.Tensor, Any]:
-    """Starts the ranks' sum of their stop flags without waiting for it."""
-    device = trainer.strategy.root_device
-    if device.type != "cuda":  # gloo sums in its own threads
-        flags = torch.tensor([int(requested), int(requeue)], device=device)
-        return torch.distributed.all_reduce(flags, async_op=True), flags, None
-    # Pinned memory and non_blocking copies: neither copy waits for the GPU.
-    flags = torch.tensor([int(requested), int(requeue)], pin_memory=True).to(device, non_blocking=True)
-    torch.distributed.all_reduce(flags, async_op=True).wait()  # NCCL: the stream waits, not the host
-    on_host = flags.to("cpu", non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return None, on_host, copied
 
 
 def _requeue_this_job() -> None:
