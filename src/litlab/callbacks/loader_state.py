@@ -37,7 +37,7 @@ class ResumableLoaderCheck(Callback):
     was restored: at train start this gives every loader that takes its position at its first batch its
     saved one (idempotent where Lightning already did); one that took it when built cannot get it."""
 
-    def __init__(self, run: Any = None) -> None:  # litlab.run.lifecycle.Run
+    def __init__(self, run: Any) -> None:  # litlab.run.lifecycle.Run
         self.run = run
         self.positions: list[dict[str, Any]] = []
         self.built_before_restore = False
@@ -80,8 +80,7 @@ class ResumableLoaderCheck(Callback):
                 why,
             )
         self.positions = []  # released: a checkpoint's positions can be large (workers' states)
-        if self.run is not None:
-            self.run.resume_exact = exact
+        self.run.resume_exact = exact
 
     def _give_saved_positions(self, loaders: list[Any]) -> bool:
         """False where a loader built before the restore cannot take its position."""

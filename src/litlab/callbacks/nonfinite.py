@@ -18,6 +18,14 @@ from litlab.storage.checkpoints import newest_checkpoint
 log = logging.getLogger("litlab")
 
 
+def sum_over_ranks(trainer: L.Trainer, values: list[int]) -> list[int]:
+    """Each value summed over the ranks, on every rank's host (every rank must act alike). Not
+    ``strategy.reduce``: it puts a barrier, one more collective, before its all-reduce."""
+    sums = torch.tensor(values, device=trainer.strategy.root_device)
+    torch.distributed.all_reduce(sums)
+    return sums.tolist()
+
+
 class NonFiniteLoss(LitlabError):
     """Training stopped because of a nan/inf loss or gradient (``on_nonfinite=fail``)."""
 
@@ -91,9 +99,7 @@ class NonFiniteLossGuard(Callback):
         if trainer.world_size == 1:
             return problem
         flags = [int(problem), *(self.rider.flags() if self.rider is not None else ())]
-        sums = torch.tensor(flags, device=trainer.strategy.root_device)
-        torch.distributed.all_reduce(sums)  # not strategy.reduce: it puts a barrier, a collective, first
-        problems, *rider_sums = sums.tolist()  # on the host, as every rank must act alike
+        problems, *rider_sums = sum_over_ranks(trainer, flags)
         if self.rider is not None:
             self.rider.agreed(rider_sums)
         return problems > 0

@@ -18,6 +18,13 @@ def progress_bar(every_n_steps: int = 0) -> ProgressBar:
     return PlainProgress(every_n_steps)
 
 
+def scalar_metrics(metrics: dict) -> dict[str, float]:
+    """The one-value metrics of ``trainer.callback_metrics`` as floats."""
+    return {
+        name: float(value) for name, value in metrics.items() if getattr(value, "numel", lambda: 1)() == 1
+    }
+
+
 class PlainProgress(ProgressBar):
     """One log line per epoch (and optionally every N steps) with the progress-bar metrics."""
 
@@ -35,10 +42,7 @@ class PlainProgress(ProgressBar):
     def _line(self, trainer: L.Trainer, prefix: str) -> None:
         if not (self._enabled and trainer.is_global_zero):
             return
-        metrics = dict(trainer.progress_bar_metrics)
-        for name, value in trainer.callback_metrics.items():
-            if getattr(value, "numel", lambda: 1)() == 1:
-                metrics[name] = float(value)
+        metrics = {**trainer.progress_bar_metrics, **scalar_metrics(trainer.callback_metrics)}
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if "/" in k)
         log.info("%s %s", prefix, shown)
 

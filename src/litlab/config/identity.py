@@ -190,13 +190,15 @@ def code_version(cfg: DictConfig, hydra_cfg: DictConfig) -> dict[str, Any]:
     them: its ``_target_``s' modules and what they import from the user's packages, and the config
     files Hydra chose (``{"fingerprint": ..., "files": {"configs/model/cnn.yaml": ..., ...}}``)."""
 
+    content = _start_content(cfg, hydra_cfg)
+
     def record() -> dict[str, Any]:
-        named = sorted([*_code_files(cfg), *_config_files(hydra_cfg)])
+        named = sorted([*_code_files(content[0]), *_config_files(hydra_cfg)])
         files = {name: hashlib.sha1(path.read_bytes()).hexdigest()[:16] for name, path in named}
         lines = "".join(f"{name}\t{digest}\n" for name, digest in files.items())
         return {"fingerprint": hashlib.sha1(lines.encode()).hexdigest(), "files": files}
 
-    return once("code", _start_content(cfg, hydra_cfg), record)
+    return once("code", content, record)
 
 
 def _targets(node: Any) -> Iterator[str]:
@@ -211,11 +213,10 @@ def _targets(node: Any) -> Iterator[str]:
             yield from _targets(value)
 
 
-def _code_files(cfg: DictConfig) -> list[tuple[str, Path]]:
-    """The user's modules the ``_target_``s name and every user module they import, with each package's
-    ``__init__.py``: read (``ast``), not imported, so another task's file is not this run's code."""
-    container = OmegaConf.to_container(cfg, resolve=False)
-    container.pop("hydra", None)  # a config composed with Hydra's own node (tests): not the task's
+def _code_files(container: dict[str, Any]) -> list[tuple[str, Path]]:
+    """The user's modules the ``_target_``s of ``container`` (the config without Hydra's node) name and
+    every user module they import, with each package's ``__init__.py``: read (``ast``), not imported,
+    so another task's file is not this run's code."""
     pending = [target for target in _targets(container) if not target.startswith("${")]
     roots: dict[str, Path | None] = {}
     files: dict[str, Path] = {}

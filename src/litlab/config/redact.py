@@ -282,8 +282,7 @@ class CommandLineSecrets(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         move_typed_secrets(config)
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        move_typed_secrets(config)
+    on_multirun_start = on_run_start
 
 
 def move_typed_secrets(cfg: DictConfig) -> dict[str, str]:

@@ -155,8 +155,7 @@ def _load_run(run_dir: Path, label: str) -> RunResult:
     """A run's summary.json; a job that wrote none is a failed run, as its .hydra/ config says."""
     if (run_dir / "summary.json").is_file():
         return RunResult(label, run_dir, Summary.load(run_dir / "summary.json"))
-    candidates = (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml")
-    config = next((OmegaConf.load(p) for p in candidates if p.is_file()), OmegaConf.create())
+    config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # _is_run_dir: there
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     hydra = OmegaConf.load(hydra_file).hydra if hydra_file.is_file() else OmegaConf.create()
     overrides_file = run_dir / ".hydra" / "overrides.yaml"

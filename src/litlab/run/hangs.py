@@ -24,12 +24,12 @@ from typing import Any
 
 import lightning as L
 import psutil
-import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab import heartbeat
+from litlab.callbacks.nonfinite import sum_over_ranks
 from litlab.errors import EXIT_FAILED, EXIT_PREEMPTED, error_line
 from litlab.heartbeat import HEARTBEAT
 from litlab.library_internals import accumulating, cluster_environment, raise_sigterm_after_this_batch
@@ -202,9 +202,7 @@ class RankWatch(Callback):
         """Whether any rank was asked to stop; under DDP a sum of the flags (once an epoch)."""
         if trainer.world_size == 1:
             return self.requested
-        sums = torch.tensor(self.flags(), device=trainer.strategy.root_device)
-        torch.distributed.all_reduce(sums)
-        self.agreed(sums.tolist())
+        self.agreed(sum_over_ranks(trainer, self.flags()))
         return self.stop_agreed
 
     def _stop(self, trainer: L.Trainer) -> None:

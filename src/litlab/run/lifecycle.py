@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
+from litlab.callbacks.progress import scalar_metrics
 from litlab.callbacks.run_stats import RunStats
 from litlab.config.identity import once, run_identity, run_settings, start_record
 from litlab.config.redact import redact, redact_hydra_record
@@ -213,14 +214,14 @@ def finish(
 ) -> float | None:
     """Test the best checkpoint, write summary.json, and return the metric sweepers optimise."""
     pruned = run.extra.get("pruned_epoch") is not None  # an Optuna trial its pruner stopped: no test
-    metrics = _floats(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
+    metrics = scalar_metrics(trainer.callback_metrics)  # trainer.test() replaces callback_metrics
     # Before trainer.test(ckpt_path=best): it restores the checkpoint callbacks' state as it was
     # when the best checkpoint was written, which forgets a last.ckpt written after it.
     checkpoints = _checkpoints(trainer, run)
     if cfg.test_after_fit and not pruned and is_overridden("test_step", module):
         tested = checkpoints["tested"] = checkpoints["best"]  # None (no checkpointing): weights as trained
         trainer.test(module, datamodule=data, ckpt_path=tested, weights_only=True, verbose=False)
-        metrics.update(_floats(trainer.callback_metrics))
+        metrics.update(scalar_metrics(trainer.callback_metrics))
     status = PRUNED if pruned else COMPLETED
     summary = write_summary(cfg, trainer, run, status, metrics=metrics, checkpoints=checkpoints)
     log_final_metrics(trainer.loggers, summary, is_global_zero=trainer.is_global_zero)
@@ -282,7 +283,7 @@ def write_summary(
         hydra=HydraConfig.get(),
         status=status,
         sweep=sweep_job(),
-        metrics=dict(sorted((metrics or _floats(trainer.callback_metrics)).items())),
+        metrics=dict(sorted((metrics or scalar_metrics(trainer.callback_metrics)).items())),
         checkpoints=checkpoints or _checkpoints(trainer, run),
         run_name=run.identity,
         storage_dir=run.storage.url,
@@ -339,10 +340,6 @@ def _with_what_rank_zero_saw(summary: Summary, run: Run) -> Summary:
         finished_at=summary.finished_at,
         oom=summary.oom,
     )
-
-
-def _floats(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if v.numel() == 1}
 
 
 def _git_commit() -> str | None:
